@@ -1,0 +1,48 @@
+# specbench — set-up and common jobs. Everything runs from a local virtual environment (.venv).
+#
+# torch is installed *before* the package so that pip never resolves a bare "torch" requirement
+# to a multi-GB CUDA build on CPU-only machines. On a GPU box, keep your own torch with
+#   make install TORCH_SPEC=torch          (or any pip spec, e.g. "torch==2.6.0 --index-url ...")
+#   make install VENV_FLAGS=--system-site-packages   (reuse a system-wide torch)
+
+PYTHON      ?= python3
+VENV        ?= .venv
+VENV_FLAGS  ?=
+TORCH_SPEC  ?= torch==2.13.0
+BIN         := $(VENV)/bin
+STAMP       := $(VENV)/.specbench-installed
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-slow lint bench clean-venv
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q $(TORCH_SPEC)
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## demo: the main job — SmolLM2-135M-Instruct, AR vs speculative decoding, on the embedded prompts.
+demo: install
+	$(BIN)/specbench run recipes/quickstart.yaml --output-dir results/quickstart --resume
+	$(BIN)/specbench report results/quickstart
+
+## test: the default suite (tiny random models; SmolLM2 tests run too when SPECBENCH_SLOW=1).
+test: install
+	$(BIN)/ruff check specbench tests
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+test-slow: install
+	SPECBENCH_SLOW=1 $(BIN)/pytest -q -m slow $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check specbench tests
+	$(BIN)/ruff format --check specbench tests
+
+## bench: our speculative decoding vs HF assisted generation, same model, prompts and k.
+bench: install
+	$(BIN)/specbench bench
+
+clean-venv:
+	rm -rf $(VENV)

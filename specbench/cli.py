@@ -1,0 +1,115 @@
+"""The ``specbench`` command line."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from specbench.errors import SpecbenchError
+
+app = typer.Typer(
+    help="Benchmark speculative-decoding algorithms and reproduce their papers' tables.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+
+
+def user_errors(command):
+    """Print a SpecbenchError as one line and exit 2; an interrupt says how to resume."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except SpecbenchError as error:
+            err.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            err.print("interrupted — finished rows are saved; re-run with --resume to continue")
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+@app.command()
+@user_errors
+def run(
+    recipe: Path = typer.Argument(
+        ..., help="Recipe YAML: models, datasets, methods and their hyperparameter grids."
+    ),
+    limit: int = typer.Option(None, "--limit", min=1, help="Run at most N examples per dataset."),
+    output_dir: Path = typer.Option(
+        None, "--output-dir", "-o", help="Where results go (default: results/<recipe name>)."
+    ),
+    seed: int = typer.Option(
+        None, "--seed", help="Override the recipe's seed (changes sampled outputs and row keys)."
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue a run in OUTPUT_DIR, skipping finished rows."
+    ),
+):
+    """Run every cell of RECIPE on every example; write examples.jsonl, cells.csv and run records."""
+    from specbench.recipe import load_recipe
+    from specbench.runner import Runner
+    from specbench.tasks import TASKS
+
+    loaded = load_recipe(recipe, known_tasks=set(TASKS))
+    if seed is not None:
+        loaded = loaded.model_copy(update={"seed": seed})
+    out = output_dir or Path("results") / loaded.name
+    Runner(loaded, out, limit=limit, resume=resume, console=err).run()
+    err.print(f"results written to {out} — see them with: specbench report {out}")
+
+
+@app.command()
+@user_errors
+def report(
+    results: Path = typer.Argument(Path("results"), help="A run directory, or a folder of run directories."),
+    format: str = typer.Option("table", "--format", "-f", help="table (Rich), csv, markdown or latex."),
+):
+    """One table per dataset: method, drafters, k, SWI (MS, PW), tokens/s, speedup, acceptance, quality."""
+    from specbench.report import render
+
+    text = render(results, format)
+    if text is not None:
+        sys.stdout.write(text + ("" if text.endswith("\n") else "\n"))
+
+
+@app.command()
+@user_errors
+def bench(
+    target: str = typer.Option("smollm2-135m-instruct", help="Target model source (alias, path or hub id)."),
+    drafter: str = typer.Option(
+        "same", help="Drafter model source; 'same' loads a second copy of the target."
+    ),
+    k: int = typer.Option(4, min=1, help="Draft length, identical for our loop and HF's."),
+    prompts: int = typer.Option(8, min=1, help="Timed prompts (one more is run first as warm-up)."),
+    max_new_tokens: int = typer.Option(64, min=1, help="Tokens generated per prompt."),
+    task: str = typer.Option("arithmetic", help="Prompt set (a task name)."),
+    dtype: str = typer.Option("auto", help="float32, bfloat16, float16, float64 or auto."),
+    device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto."),
+):
+    """Time our AR/SD loops against HF generate (assisted and prompt lookup) on the same inputs.
+
+    Prints the walltime ratios HF/ours (> 1 means ours is faster) and our loop overhead
+    (1 - time inside model forwards / walltime). Greedy decoding; outputs are identical by design.
+    """
+    from specbench.bench import print_bench, run_bench
+
+    console = Console()
+    tallies = run_bench(target, drafter, k, prompts, max_new_tokens, dtype, device, task, console)
+    print_bench(tallies, console)
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

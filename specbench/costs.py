@@ -1,0 +1,61 @@
+"""Cost coefficients and the standardized walltime improvement (SWI).
+
+SWI (CS Drafting, Sec. 5; arXiv v1 defines it in words) is the speedup a method would have if each
+model's forward pass took a fixed time c_m relative to the target's:
+
+    SWI = generated tokens * c_target / sum over models m of (forward passes_m * c_m)
+
+Two cost tables: MS (model size) sets c_m = parameters_m / parameters_target, computed from the
+loaded models; PW (prior work) takes c_m from a published table (specbench/data/cost_tables.yaml)
+or a number in the recipe. Statistical drafters cost 0 in both. Encoder passes of
+encoder-decoder models are not counted (one per prompt per model, as in the papers' SWI).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from importlib import resources
+
+import yaml
+
+from specbench.errors import SpecbenchError
+
+
+@functools.lru_cache(maxsize=1)
+def cost_tables() -> dict:
+    return yaml.safe_load(resources.files("specbench.data").joinpath("cost_tables.yaml").read_text())
+
+
+def pw_cost(value, where: str) -> float:
+    """A recipe's ``cost.pw``: a number, or ``{table: NAME, entry: NAME}`` looked up in the PW tables."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    tables = cost_tables()
+    table = tables.get(value.get("table"))
+    if table is None:
+        raise SpecbenchError(
+            where, f"unknown cost table {value.get('table')!r}", f"use one of {sorted(tables)}"
+        )
+    entry = table["entries"].get(value.get("entry"))
+    if entry is None:
+        raise SpecbenchError(
+            where,
+            f"cost table {value['table']!r} has no entry {value.get('entry')!r}",
+            f"use one of {sorted(table['entries'])}",
+        )
+    return float(entry)
+
+
+def swi(tokens: float, forwards: dict[str, float], costs: dict[str, float | None], target: str) -> float:
+    """SWI for one cost table; NaN when a model that ran has no cost in this table."""
+    spent = 0.0
+    for model, passes in forwards.items():
+        cost = costs.get(model)
+        if passes and cost is None:
+            return math.nan
+        spent += passes * (cost or 0.0)
+    target_cost = costs.get(target)
+    if not spent or target_cost is None:
+        return math.nan
+    return tokens * target_cost / spent

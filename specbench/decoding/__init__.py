@@ -1,0 +1,1 @@
+"""Decoding methods: one module per algorithm, all speaking the model interface in specbench.models."""

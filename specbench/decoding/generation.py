@@ -1,0 +1,86 @@
+"""What every decoding method returns, and the bookkeeping all of them share."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Generation:
+    """One request's output and the measurements taken while producing it.
+
+    ``steps`` holds one (drafted, accepted) pair per verification step; acceptance by draft
+    position and the mean accepted length are derived from it. ``forwards`` maps each model's
+    name to its counter snapshot (forward passes, tokens scored, encoder passes, seconds).
+    """
+
+    tokens: list[int]
+    walltime: float
+    ttft: float
+    steps: list[tuple[int, int]] = field(default_factory=list)
+    forwards: dict[str, dict[str, float]] = field(default_factory=dict)
+    stopped_by_eos: bool = False
+
+    @property
+    def accepted_per_step(self) -> float:
+        """Tokens committed per target verification (accepted drafts + 1), the paper's 'acceptance length'."""
+        if not self.steps:
+            return 1.0 if self.tokens else 0.0
+        return len(self.tokens) / len(self.steps)
+
+    @property
+    def draft_acceptance_rate(self) -> float | None:
+        drafted = sum(d for d, _ in self.steps)
+        return None if drafted == 0 else sum(a for _, a in self.steps) / drafted
+
+    def accepted_by_position(self) -> list[tuple[int, int]]:
+        """(proposed, accepted) counts for draft positions 1, 2, ...: the CS Drafting Figure 2 data."""
+        longest = max((d for d, _ in self.steps), default=0)
+        counts = [[0, 0] for _ in range(longest)]
+        for drafted, accepted in self.steps:
+            for i in range(drafted):
+                counts[i][0] += 1
+                counts[i][1] += i < accepted
+        return [tuple(c) for c in counts]
+
+
+class Stopwatch:
+    """Wall time of a request, with the time of its first committed token (TTFT)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._sync()
+        self.started = time.perf_counter()
+        self.first_token: float | None = None
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def mark_first_token(self) -> None:
+        if self.first_token is None:
+            self.first_token = time.perf_counter() - self.started
+
+    def stop(self) -> tuple[float, float]:
+        self._sync()
+        total = time.perf_counter() - self.started
+        return total, self.first_token if self.first_token is not None else total
+
+
+def truncate_at_eos(tokens: list[int], eos_ids: frozenset[int]) -> tuple[list[int], bool]:
+    """Cut after the first EOS token, keeping it (as HF generate does)."""
+    for i, token in enumerate(tokens):
+        if token in eos_ids:
+            return tokens[: i + 1], True
+    return tokens, False
+
+
+def eos_set(eos_token_id) -> frozenset[int]:
+    if eos_token_id is None:
+        return frozenset()
+    if isinstance(eos_token_id, int):
+        return frozenset({eos_token_id})
+    return frozenset(int(t) for t in eos_token_id)

@@ -1,0 +1,98 @@
+"""The decoding methods a recipe can name, each a thin adapter onto its algorithm module.
+
+A method gets the cell's resolved hyperparameters, the loaded target (and drafter) and one
+prompt, and returns a :class:`~specbench.decoding.generation.Generation`. Later algorithms add
+one entry here and their hyperparameter schema in ``specbench.recipe.METHODS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from specbench.decoding import autoregressive, hf_generate, speculative
+from specbench.decoding.acceptance import lenience_factor
+from specbench.decoding.generation import Generation
+from specbench.decoding.sampling import SamplingParams
+from specbench.models.base import ModelDrafter
+from specbench.models.hf import HFModel
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_ids: torch.Tensor
+    max_new_tokens: int
+    sampling: SamplingParams
+    eos_token_id: list[int]
+    generator: torch.Generator
+
+
+def _autoregressive(params: dict, target, drafter, r: Request) -> Generation:
+    return autoregressive.generate(
+        target,
+        r.prompt_ids,
+        max_new_tokens=r.max_new_tokens,
+        sampling=r.sampling,
+        eos_token_id=r.eos_token_id,
+        generator=r.generator,
+    )
+
+
+def _speculative(params: dict, target, drafter, r: Request) -> Generation:
+    if isinstance(drafter, HFModel):
+        drafter = ModelDrafter(drafter)
+    return speculative.generate(
+        target,
+        drafter,
+        r.prompt_ids,
+        k=params["k"],
+        max_new_tokens=r.max_new_tokens,
+        sampling=r.sampling,
+        eos_token_id=r.eos_token_id,
+        generator=r.generator,
+        lenience=lenience_factor(params.get("lenience", 1.0), params.get("lenience_convention", "cs")),
+    )
+
+
+def _hf_assisted(params: dict, target, drafter, r: Request) -> Generation:
+    return hf_generate.generate(
+        target,
+        r.prompt_ids,
+        max_new_tokens=r.max_new_tokens,
+        sampling=r.sampling,
+        eos_token_id=r.eos_token_id,
+        generator=r.generator,
+        assistant=drafter,
+        k=params["k"],
+    )
+
+
+def _hf_prompt_lookup(params: dict, target, drafter, r: Request) -> Generation:
+    return hf_generate.generate(
+        target,
+        r.prompt_ids,
+        max_new_tokens=r.max_new_tokens,
+        sampling=r.sampling,
+        eos_token_id=r.eos_token_id,
+        generator=r.generator,
+        prompt_lookup=True,
+        k=params["k"],
+        max_ngram=params.get("max_ngram", 2),
+    )
+
+
+METHOD_FUNCTIONS: dict[str, Callable[[dict, object, object, Request], Generation]] = {
+    "autoregressive": _autoregressive,
+    "speculative": _speculative,
+    "hf_assisted": _hf_assisted,
+    "hf_prompt_lookup": _hf_prompt_lookup,
+}
+
+
+def is_lossless(method: str, params: dict) -> bool:
+    """Whether the method must reproduce the target's own output (checked against the AR cell when greedy)."""
+    if method == "speculative":
+        return params.get("lenience", 1.0) == 1.0
+    return method in ("hf_assisted", "hf_prompt_lookup")

@@ -1,0 +1,154 @@
+"""The one small interface every verifier and drafter speaks.
+
+A *language model* scores: given the tokens generated so far, the last ``n`` of which are
+candidates, one forward pass returns the ``n + 1`` next-token logits (after the committed
+prefix, after each candidate). It keeps a KV cache and rolls it back on request.
+
+A *drafter* proposes: given the tokens generated so far, it returns up to ``k`` candidate
+tokens and the distributions ``q`` they were drawn from (``None`` for deterministic drafters
+such as prompt lookup, whose ``q`` is one-hot).
+
+Token sequences are 1-D ``LongTensor`` s of *generated* tokens only; each model receives the
+prompt once in ``start`` and places it (decoder-only: before the generation; encoder-decoder:
+in the encoder) itself.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from specbench.decoding.sampling import SamplingParams
+
+
+@dataclass
+class ForwardCounter:
+    """Forward passes, tokens scored and wall time spent inside one model.
+
+    On CUDA the time is taken with CUDA events and only read (synchronised) in ``snapshot``,
+    so counting never adds a host-device sync to the decoding loop.
+    """
+
+    forward_passes: int = 0
+    tokens_scored: int = 0
+    encoder_passes: int = 0
+    _seconds: float = 0.0
+    _events: list = field(default_factory=list)
+
+    def reset(self) -> None:
+        self.forward_passes = self.tokens_scored = self.encoder_passes = 0
+        self._seconds = 0.0
+        self._events.clear()
+
+    def begin(self, device: torch.device) -> object:
+        if device.type == "cuda":
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            return start
+        return time.perf_counter()
+
+    def end(self, started: object, tokens: int, device: torch.device) -> None:
+        self.forward_passes += 1
+        self.tokens_scored += tokens
+        if device.type == "cuda":
+            stop = torch.cuda.Event(enable_timing=True)
+            stop.record()
+            self._events.append((started, stop))
+        else:
+            self._seconds += time.perf_counter() - started
+
+    @property
+    def seconds(self) -> float:
+        if self._events:
+            self._events[-1][1].synchronize()
+            self._seconds += sum(a.elapsed_time(b) for a, b in self._events) / 1000.0
+            self._events.clear()
+        return self._seconds
+
+    def snapshot(self) -> dict[str, float]:
+        return {
+            "forward_passes": self.forward_passes,
+            "tokens_scored": self.tokens_scored,
+            "encoder_passes": self.encoder_passes,
+            "seconds": self.seconds,
+        }
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Candidate tokens ``x_1..x_k`` and, for sampled drafts, the rows ``q_1..q_k`` they came from."""
+
+    tokens: torch.Tensor  # [k] long
+    # [k, V] probabilities the tokens were drawn from (for greedy drafting: the softmax at T=1, used
+    # only by lenient rules), or None when q is one-hot on ``tokens`` (statistical drafters).
+    q: torch.Tensor | None
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+
+@runtime_checkable
+class LanguageModel(Protocol):
+    name: str
+    counter: ForwardCounter
+    num_parameters: int
+    vocab_size: int
+    device: torch.device
+
+    def start(self, prompt_ids: torch.Tensor) -> None:
+        """Begin a new request (resets the cache; encoder-decoder models encode the prompt here)."""
+
+    def score(self, tokens: torch.Tensor, n_candidates: int) -> torch.Tensor:
+        """One forward pass; logits ``[n_candidates + 1, V]`` after ``tokens[:-n]`` and each candidate."""
+
+    def rollback(self, n_tokens: int) -> None:
+        """Forget cached state for generated positions ``>= n_tokens`` (they may be replaced)."""
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    name: str
+    counter: ForwardCounter
+    num_parameters: int  # 0 for statistical drafters (cost 0 in every cost table)
+
+    def start(self, prompt_ids: torch.Tensor) -> None: ...
+
+    def propose(
+        self, tokens: torch.Tensor, k: int, sampling: SamplingParams, generator: torch.Generator | None
+    ) -> Draft:
+        """Up to ``k`` candidates continuing ``tokens`` (possibly fewer, possibly none)."""
+
+    def rollback(self, n_tokens: int) -> None: ...
+
+
+class ModelDrafter:
+    """A neural drafter: a language model run autoregressively for ``k`` steps."""
+
+    def __init__(self, model: LanguageModel):
+        self.model = model
+        self.name = model.name
+        self.counter = model.counter
+        self.num_parameters = model.num_parameters
+
+    def start(self, prompt_ids: torch.Tensor) -> None:
+        self.model.start(prompt_ids)
+
+    def rollback(self, n_tokens: int) -> None:
+        self.model.rollback(n_tokens)
+
+    def propose(
+        self, tokens: torch.Tensor, k: int, sampling: SamplingParams, generator: torch.Generator | None
+    ) -> Draft:
+        generated = tokens.shape[0]
+        context = torch.empty(generated + k, dtype=torch.long, device=tokens.device)
+        context[:generated] = tokens
+        rows = []
+        for i in range(k):
+            logits = self.model.score(context[: generated + i], 0)[-1]
+            q = sampling.probs(logits)
+            context[generated + i] = sampling.choose(q, logits, generator)
+            rows.append(q)
+        return Draft(context[generated:], torch.stack(rows))

@@ -1,0 +1,92 @@
+"""A transformers model behind the :class:`~specbench.models.base.LanguageModel` interface.
+
+Decoder-only models keep the prompt in front of the generation; encoder-decoder models (T5)
+encode the prompt once per request and decode from the decoder start token. The KV cache holds
+exactly ``self._cached`` positions of (prompt + generation); ``score`` feeds only the positions
+the cache lacks and crops whatever it holds past the committed prefix.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
+
+from specbench.models.base import ForwardCounter
+
+
+class HFModel:
+    def __init__(self, model: PreTrainedModel, name: str, tokenizer=None):
+        self.model = model.eval()
+        self.name = name
+        self.tokenizer = tokenizer
+        self.counter = ForwardCounter()
+        self.device = next(model.parameters()).device
+        self.num_parameters = sum(p.numel() for p in model.parameters())
+        self.vocab_size = model.config.get_text_config().vocab_size
+        self.is_encoder_decoder = bool(model.config.is_encoder_decoder)
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._prefix = torch.empty(0, dtype=torch.long, device=self.device)
+        self._encoder_outputs = None
+        self._cache = None
+        self._cached = 0
+
+    def eos_token_ids(self) -> list[int]:
+        """Every id that ends a generation: the generation config's and the tokenizer's EOS."""
+        ids = set()
+        for value in (
+            self.model.generation_config.eos_token_id,
+            getattr(self.tokenizer, "eos_token_id", None),
+        ):
+            if isinstance(value, int):
+                ids.add(value)
+            elif value:
+                ids.update(int(v) for v in value)
+        return sorted(ids)
+
+    @torch.inference_mode()
+    def start(self, prompt_ids: torch.Tensor) -> None:
+        prompt_ids = prompt_ids.to(self.device)
+        if self.is_encoder_decoder:
+            started = self.counter.begin(self.device)
+            self._encoder_outputs = self.model.get_encoder()(input_ids=prompt_ids[None])
+            self.counter.end(started, 0, self.device)
+            self.counter.forward_passes -= 1  # encoder passes are counted apart from decoder passes
+            self.counter.encoder_passes += 1
+            start_id = self.model.config.decoder_start_token_id
+            self._prefix = torch.tensor([start_id], dtype=torch.long, device=self.device)
+            self._cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        else:
+            self._prefix = prompt_ids
+            self._cache = DynamicCache()
+        self._cached = 0
+
+    def rollback(self, n_tokens: int) -> None:
+        self._cached = min(self._cached, self._prefix.shape[0] + n_tokens)
+
+    @torch.inference_mode()
+    def score(self, tokens: torch.Tensor, n_candidates: int) -> torch.Tensor:
+        prefix_len = self._prefix.shape[0]
+        total = prefix_len + tokens.shape[0]
+        keep = min(self._cached, total - n_candidates - 1)
+        held = self._cache.get_seq_length()
+        if held > keep:
+            self._cache.crop(keep - held)  # transformers 5 crops by a negative count
+        if keep >= prefix_len:
+            new = tokens[keep - prefix_len :]
+        else:
+            new = torch.cat([self._prefix[keep:], tokens])
+        kwargs = {"past_key_values": self._cache, "use_cache": True}
+        if self._keeps_logits:
+            kwargs["logits_to_keep"] = n_candidates + 1
+        if self.is_encoder_decoder:
+            kwargs["encoder_outputs"] = self._encoder_outputs
+            kwargs["decoder_input_ids"] = new[None]
+        else:
+            kwargs["input_ids"] = new[None]
+        started = self.counter.begin(self.device)
+        logits = self.model(**kwargs).logits[0, -(n_candidates + 1) :]
+        self.counter.end(started, new.shape[0], self.device)
+        self._cached = total
+        return logits

@@ -1,0 +1,300 @@
+"""Run a recipe: for every dataset and cell, every example, one Generation, one result row.
+
+Rows are keyed by a content hash of (cell fingerprint, dataset, example id, prompt), so a
+re-run with ``resume`` skips what is done, and a changed setting produces new rows instead of
+silently reusing old ones. Warm-up examples run once per cell and are never recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from specbench import __version__
+from specbench.costs import pw_cost
+from specbench.decoding.sampling import SamplingParams
+from specbench.errors import SpecbenchError
+from specbench.methods import METHOD_FUNCTIONS, Request, is_lossless
+from specbench.models import registry
+from specbench.models.hf import HFModel
+from specbench.recipe import Cell, Recipe
+from specbench.results import ENVIRONMENT, EXAMPLES, RESOLVED_RECIPE, ExampleLog, write_atomic
+from specbench.summary import write_cells_csv
+from specbench.tasks import Example, get_task, render_prompt
+
+
+@dataclass
+class DatasetRun:
+    label: str  # e.g. "gsm8k/test"
+    task: object
+    examples: list[Example]
+    chat_template: bool
+
+
+def _hash(*parts: str) -> str:
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:16]
+
+
+def _model_request(recipe: Recipe, name: str) -> registry.ModelRequest:
+    spec = recipe.models[name]
+    options = tuple(sorted((spec.options or {}).items()))
+    return registry.ModelRequest(name, spec.source, spec.dtype, spec.device, spec.revision, options)
+
+
+def _pw_of(recipe: Recipe, name: str, role_target: bool) -> float | None:
+    cost = recipe.models[name].cost
+    value = getattr(cost, "pw", None) if cost is not None else None
+    if value is None:
+        return 1.0 if role_target else None
+    if hasattr(value, "model_dump"):
+        value = value.model_dump()
+    return pw_cost(value, f"{recipe.path}: models.{name}.cost.pw")
+
+
+class Runner:
+    def __init__(
+        self,
+        recipe: Recipe,
+        output_dir: Path,
+        *,
+        limit: int | None = None,
+        resume: bool = False,
+        console: Console | None = None,
+    ):
+        self.recipe = recipe
+        self.output_dir = Path(output_dir)
+        self.limit = limit
+        self.console = console or Console(stderr=True)
+        log_path = self.output_dir / EXAMPLES
+        if log_path.exists() and log_path.stat().st_size and not resume:
+            raise SpecbenchError(
+                str(self.output_dir),
+                "already holds results of a run",
+                "pass --resume to continue it (finished rows are kept), or choose another --output-dir",
+            )
+        self.log = ExampleLog(log_path)
+        self.models: dict[str, object] = {}
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def model(self, name: str):
+        if name not in self.models:
+            with self.console.status(f"loading model {name} ({self.recipe.models[name].source})"):
+                self.models[name] = registry.load(_model_request(self.recipe, name))
+        return self.models[name]
+
+    def datasets(self) -> list[DatasetRun]:
+        runs = []
+        for spec in self.recipe.datasets:
+            task = get_task(spec.task)
+            split = spec.split or task.default_split
+            limit = (
+                min(x for x in (spec.limit, self.limit) if x is not None)
+                if (spec.limit or self.limit)
+                else None
+            )
+            data_files = str(spec.data_files) if spec.data_files else None
+            examples = task.load(split=split, data_files=data_files, limit=limit)
+            runs.append(DatasetRun(f"{spec.task}/{split}", task, examples, spec.chat_template))
+        return runs
+
+    # -- running ---------------------------------------------------------------------------
+
+    def run(self) -> Path:
+        recipe = self.recipe
+        datasets = self.datasets()
+        cells = sorted(
+            recipe.cells(), key=lambda c: c.method != "autoregressive"
+        )  # AR first: lossless reference
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.output_dir / RESOLVED_RECIPE, yaml.safe_dump(recipe.resolved(), sort_keys=False))
+        done = self.log.done
+        total = sum(len(d.examples) for d in datasets) * len(cells)
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[stats]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=False,
+        ) as progress:
+            overall = progress.add_task("all cells", total=total, stats="")
+            for dataset in datasets:
+                for cell in cells:
+                    self._run_cell(dataset, cell, done, progress, overall)
+        self._write_environment()
+        expected = {self._key(c, d, ex) for d in datasets for c in cells for ex in d.examples}
+        write_cells_csv(self.output_dir, [r for r in self.log.rows if r["key"] in expected])
+        return self.output_dir
+
+    def _key(self, cell: Cell, dataset: DatasetRun, example: Example) -> str:
+        return _hash(cell.fingerprint(self.recipe), dataset.label, example.id, example.prompt)
+
+    def _run_cell(self, dataset: DatasetRun, cell: Cell, done: set[str], progress: Progress, overall) -> None:
+        todo = [ex for ex in dataset.examples if self._key(cell, dataset, ex) not in done]
+        progress.advance(overall, len(dataset.examples) - len(todo))
+        if not todo:
+            return
+        target = self.model(cell.target)
+        drafter = self.model(cell.drafter) if cell.drafter else None
+        self._check_vocab(cell, target, drafter)
+        method = METHOD_FUNCTIONS[cell.method]
+        bar = progress.add_task(f"{dataset.label} {cell.id}", total=len(todo), stats="")
+        for example in dataset.examples[: self.recipe.warmup]:
+            method(cell.params, target, drafter, self._request(target, dataset, example))
+        tokens = seconds = steps = 0.0
+        for example in todo:
+            request = self._request(target, dataset, example)
+            generation = method(cell.params, target, drafter, request)
+            self.log.append(self._row(dataset, cell, example, target, drafter, request, generation))
+            tokens += len(generation.tokens)
+            seconds += generation.walltime
+            steps += len(generation.steps)
+            stats = f"acc.len {tokens / max(steps, 1):.2f} · {tokens / max(seconds, 1e-9):.1f} tok/s"
+            progress.update(bar, advance=1, stats=stats)
+            progress.advance(overall)
+
+    def _request(self, target: HFModel, dataset: DatasetRun, example: Example) -> Request:
+        text = render_prompt(example, target.tokenizer, dataset.chat_template)
+        add_special = not dataset.chat_template or target.is_encoder_decoder
+        ids = target.tokenizer(text, add_special_tokens=add_special, return_tensors="pt").input_ids[0]
+        gen = self.recipe.generation
+        sampling = SamplingParams(gen.temperature, gen.top_k, gen.top_p)
+        generator = torch.Generator(device=target.device)
+        generator.manual_seed(int(_hash(str(self.recipe.seed), dataset.label, example.id), 16) % (2**63))
+        return Request(ids.to(target.device), gen.max_new_tokens, sampling, target.eos_token_ids(), generator)
+
+    def _check_vocab(self, cell: Cell, target, drafter) -> None:
+        if isinstance(drafter, HFModel) and drafter.tokenizer is not None and target.tokenizer is not None:
+            if drafter.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+                raise SpecbenchError(
+                    f"{self.recipe.path}: methods.{cell.method_name}.drafter",
+                    f"drafter {cell.drafter!r} does not share the target's tokenizer",
+                    "use a drafter trained with the target's vocabulary",
+                )
+
+    def _row(self, dataset, cell, example, target, drafter, request: Request, generation) -> dict:
+        text = target.tokenizer.decode(generation.tokens, skip_special_tokens=True)
+        quality = dataset.task.score(example, text)
+        lossless = None
+        if (
+            self.recipe.lossless_check
+            and self.recipe.generation.temperature == 0
+            and is_lossless(cell.method, cell.params)
+        ):
+            lossless = self._divergence(dataset, cell, example, generation.tokens)
+        return {
+            "key": self._key(cell, dataset, example),
+            "dataset": dataset.label,
+            "cell": cell.id,
+            "method_name": cell.method_name,
+            "method": cell.method,
+            "params": cell.params,
+            "target": cell.target,
+            "drafter": cell.drafter,
+            "example_id": example.id,
+            "prompt_tokens": int(request.prompt_ids.shape[0]),
+            "output_ids": generation.tokens,
+            "output_text": text,
+            "n_tokens": len(generation.tokens),
+            "stopped_by_eos": generation.stopped_by_eos,
+            "walltime": generation.walltime,
+            "ttft": generation.ttft,
+            "forwards": generation.forwards,
+            "steps": [list(s) for s in generation.steps],
+            "accepted_by_position": [list(x) for x in generation.accepted_by_position()],
+            "quality": quality,
+            "first_divergence": lossless,
+            "costs": self._costs(cell, target, drafter),
+        }
+
+    def _costs(self, cell: Cell, target, drafter) -> dict:
+        """Per-model cost coefficients under MS and PW for this cell (relative to its target)."""
+        ms = {cell.target: 1.0}
+        pw = {cell.target: _pw_of(self.recipe, cell.target, True)}
+        if cell.drafter:
+            ms[cell.drafter] = drafter.num_parameters / target.num_parameters
+            pw[cell.drafter] = (
+                0.0 if drafter.num_parameters == 0 else _pw_of(self.recipe, cell.drafter, False)
+            )
+        return {"ms": ms, "pw": pw}
+
+    def _divergence(self, dataset, cell, example, tokens: list[int]) -> int | None:
+        """-1 when identical to the AR cell's output for the same target, else the first differing index."""
+        reference = None
+        for other in self.recipe.cells():
+            if other.method == "autoregressive" and other.target == cell.target:
+                key = self._key(other, dataset, example)
+                reference = next((r for r in reversed(self.log.rows) if r["key"] == key), None)
+                break
+        if reference is None:
+            return None
+        ar = reference["output_ids"]
+        for i, (a, b) in enumerate(zip(ar, tokens, strict=False)):
+            if a != b:
+                return i
+        return -1 if len(ar) == len(tokens) else min(len(ar), len(tokens))
+
+    def _write_environment(self) -> None:
+        env = {
+            "specbench": __version__,
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "transformers": _version("transformers"),
+            "datasets": _version("datasets"),
+            "git": _git_hash(),
+            "threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "recipe": str(self.recipe.path),
+            "seed": self.recipe.seed,
+            "models": {
+                name: {
+                    "source": self.recipe.models[name].source,
+                    "origin": getattr(m, "origin", "statistical"),
+                    "parameters": m.num_parameters,
+                    "dtype": str(next(m.model.parameters()).dtype) if isinstance(m, HFModel) else None,
+                    "device": str(m.device) if isinstance(m, HFModel) else "cpu",
+                }
+                for name, m in self.models.items()
+            },
+        }
+        write_atomic(self.output_dir / ENVIRONMENT, json.dumps(env, indent=2) + "\n")
+
+
+def _version(package: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(package)
+    except Exception:
+        return None
+
+
+def _git_hash() -> str | None:
+    try:
+        root = Path(__file__).resolve().parents[1]
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, timeout=5
+        )
+        if out.returncode:
+            return None
+        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except Exception:
+        return None

@@ -1,0 +1,98 @@
+"""From example rows to one tidy row per (dataset, cell): counts, SWI, speed, acceptance, quality."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import pandas as pd
+
+from specbench.costs import swi
+from specbench.results import CELLS, write_atomic
+
+
+def summarise_cell(rows: list[dict]) -> dict:
+    first = rows[0]
+    target, drafter = first["target"], first["drafter"]
+    tokens = sum(r["n_tokens"] for r in rows)
+    walltime = sum(r["walltime"] for r in rows)
+    forwards: dict[str, int] = defaultdict(int)
+    model_seconds = 0.0
+    for r in rows:
+        for model, counts in r["forwards"].items():
+            forwards[model] += counts["forward_passes"]
+            model_seconds += counts["seconds"]
+    steps = [s for r in rows for s in r["steps"]]
+    drafted = sum(d for d, _ in steps)
+    accepted = sum(a for _, a in steps)
+    out = {
+        "dataset": first["dataset"],
+        "cell": first["cell"],
+        "method_name": first["method_name"],
+        "method": first["method"],
+        "target": target,
+        "drafter": drafter or "",
+        **{k: v for k, v in first["params"].items()},
+        "params": json.dumps(first["params"], sort_keys=True),
+        "n": len(rows),
+        "generated_tokens": tokens,
+        "target_forwards": forwards.get(target, 0),
+        "drafter_forwards": forwards.get(drafter, 0) if drafter else 0,
+        "forwards": json.dumps(dict(forwards), sort_keys=True),
+    }
+    for table in ("ms", "pw"):
+        costs = first["costs"][table]
+        out[f"swi_{table}"] = swi(tokens, forwards, costs, target)  # ratio of sums
+        per_example = [
+            swi(
+                r["n_tokens"],
+                {m: c["forward_passes"] for m, c in r["forwards"].items()},
+                r["costs"][table],
+                target,
+            )
+            for r in rows
+        ]
+        out[f"swi_{table}_mean"] = _mean(per_example)  # mean of per-example ratios
+    out.update(
+        tokens_per_s=tokens / walltime if walltime else math.nan,
+        walltime_s=walltime,
+        ttft_mean_s=_mean([r["ttft"] for r in rows]),
+        acceptance_length=tokens / len(steps) if steps else math.nan,
+        draft_acceptance_rate=accepted / drafted if drafted else math.nan,
+        model_time_fraction=model_seconds / walltime if walltime else math.nan,
+    )
+    out["loop_overhead"] = 1.0 - out["model_time_fraction"]
+    metrics = sorted({m for r in rows for m in r["quality"]})
+    for metric in metrics:
+        out[f"quality_{metric}"] = _mean([r["quality"].get(metric, math.nan) for r in rows])
+    checked = [r["first_divergence"] for r in rows if r.get("first_divergence") is not None]
+    out["lossless_checked"] = len(checked)
+    out["lossless_identical"] = sum(1 for d in checked if d == -1)
+    return out
+
+
+def _mean(values) -> float:
+    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return sum(values) / len(values) if values else math.nan
+
+
+def summarise(rows: list[dict]) -> pd.DataFrame:
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for row in rows:
+        groups[(row["dataset"], row["cell"])].append(row)
+    table = pd.DataFrame([summarise_cell(g) for g in groups.values()])
+    if table.empty:
+        return table
+    ar = table[table["method"] == "autoregressive"].set_index(["dataset", "target"])["tokens_per_s"]
+    table["speedup_vs_ar"] = [
+        row.tokens_per_s / ar.get((row.dataset, row.target), math.nan) for row in table.itertuples()
+    ]
+    return table
+
+
+def write_cells_csv(run_dir: Path, rows: list[dict]) -> pd.DataFrame:
+    table = summarise(rows)
+    write_atomic(Path(run_dir) / CELLS, table.to_csv(index=False))
+    return table

@@ -1,0 +1,115 @@
+"""The command line end to end on the tiny recipe: run, report in every format, errors, help."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from specbench.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "recipes" / "quickstart-tiny.yaml"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("run") / "tiny"
+    result = runner.invoke(app, ["run", str(TINY), "--output-dir", str(out), "--limit", "3"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_run_writes_every_record(tiny_run: Path):
+    for name in ("examples.jsonl", "cells.csv", "resolved_recipe.yaml", "environment.json"):
+        assert (tiny_run / name).is_file(), name
+    rows = [json.loads(line) for line in (tiny_run / "examples.jsonl").read_text().splitlines()]
+    cells = pd.read_csv(tiny_run / "cells.csv")
+    # 1 AR + 2 sd-lookup + 2 sd-draft + 1 hf-assisted + 1 hf-lookup cells, 3 examples each
+    assert len(cells) == 7 and len(rows) == 21
+    assert len({r["key"] for r in rows}) == 21
+    env = json.loads((tiny_run / "environment.json").read_text())
+    assert env["models"]["target"]["dtype"] == "torch.float64" and env["torch"]
+
+
+def test_greedy_cells_are_lossless_and_counted(tiny_run: Path):
+    cells = pd.read_csv(tiny_run / "cells.csv").set_index("cell")
+    lossless = cells[cells["method"] != "autoregressive"]
+    assert (lossless["lossless_checked"] == 3).all()
+    assert (lossless["lossless_identical"] == 3).all()
+    ar = cells.loc["ar"]
+    assert ar["target_forwards"] == ar["generated_tokens"]  # one pass per token
+    assert ar["swi_ms"] == pytest.approx(1.0) and ar["swi_pw"] == pytest.approx(1.0)
+    sd = cells.loc["sd-lookup[k=4]"]
+    assert sd["drafter_forwards"] > 0 and sd["swi_ms"] == pytest.approx(
+        sd["generated_tokens"] / sd["target_forwards"]
+    )  # prompt lookup costs 0, so SWI is tokens per target pass
+    assert (
+        cells.loc["sd-draft[k=4]"]["swi_pw"]
+        < cells.loc["sd-draft[k=4]"]["generated_tokens"] / cells.loc["sd-draft[k=4]"]["target_forwards"]
+    )  # the neural drafter's passes cost something
+    assert ar["speedup_vs_ar"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv", "markdown", "latex"])
+def test_report_formats(tiny_run: Path, fmt: str):
+    result = runner.invoke(app, ["report", str(tiny_run), "--format", fmt])
+    assert result.exit_code == 0, result.output
+    assert "sd-lookup" in result.output
+    if fmt == "markdown":
+        assert "| method |" in result.output
+    if fmt == "latex":
+        assert r"\begin{tabular}" in result.output
+    if fmt == "csv":
+        assert result.output.splitlines()[0].startswith("run,dataset,method")
+
+
+def test_rerun_without_resume_is_refused_and_resume_is_a_no_op(tiny_run: Path):
+    before = (tiny_run / "examples.jsonl").read_text()
+    refused = runner.invoke(app, ["run", str(TINY), "--output-dir", str(tiny_run), "--limit", "3"])
+    assert refused.exit_code == 2 and "--resume" in refused.output
+    resumed = runner.invoke(
+        app, ["run", str(TINY), "--output-dir", str(tiny_run), "--limit", "3", "--resume"]
+    )
+    assert resumed.exit_code == 0, resumed.output
+    assert (tiny_run / "examples.jsonl").read_text() == before
+
+
+def test_bad_recipe_is_one_line_exit_2(tmp_path: Path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(TINY.read_text().replace("max_new_tokens: 24", "max_new_tokens: 24\n  beams: 3"))
+    result = runner.invoke(app, ["run", str(bad), "--output-dir", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    message = " ".join(result.output.split())
+    assert "bad.yaml" in message and "beams" in message and "fix:" in message
+
+
+def test_missing_recipe_file(tmp_path: Path):
+    result = runner.invoke(app, ["run", str(tmp_path / "nope.yaml")])
+    assert result.exit_code == 2 and "nope.yaml" in result.output and "Traceback" not in result.output
+
+
+def test_report_on_empty_dir(tmp_path: Path):
+    result = runner.invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 2 and "cells.csv" in result.output
+
+
+@pytest.mark.parametrize("command", [[], ["run"], ["report"], ["bench"]])
+def test_help(command):
+    result = runner.invoke(app, [*command, "--help"])
+    assert result.exit_code == 0 and "Usage" in result.output
+
+
+def test_report_over_a_folder_of_runs(tiny_run: Path, tmp_path: Path):
+    shutil.copytree(tiny_run, tmp_path / "a")
+    shutil.copytree(tiny_run, tmp_path / "b")
+    result = runner.invoke(app, ["report", str(tmp_path), "--format", "csv"])
+    assert result.exit_code == 0
+    runs = {line.split(",")[0] for line in result.output.splitlines()[1:]}
+    assert runs == {"a", "b"}
