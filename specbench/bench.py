@@ -49,11 +49,26 @@ def run_bench(
     device: str,
     task_name: str,
     console: Console,
+    target_options: dict | None = None,
+    drafter_options: dict | None = None,
 ) -> dict[str, Tally]:
+    target_options = target_options or {}
+    if drafter_source == "same":
+        drafter_source, drafter_options = target_source, target_options
     with console.status(f"loading {target_source}"):
-        target = registry.load(registry.ModelRequest("target", target_source, dtype, device))
-        source = target_source if drafter_source == "same" else drafter_source
-        draft_model = registry.load(registry.ModelRequest("drafter", source, dtype, device))
+        target = registry.load(
+            registry.ModelRequest("target", target_source, dtype, device, options=_items(target_options))
+        )
+        draft_model = registry.load(
+            registry.ModelRequest(
+                "drafter", drafter_source, dtype, device, options=_items(drafter_options or {})
+            )
+        )
+    console.print(
+        f"target {target_source} ({target.num_parameters / 1e6:.1f}M params), drafter {drafter_source} "
+        f"({draft_model.num_parameters / 1e6:.1f}M), {target.device}, "
+        f"{next(target.model.parameters()).dtype}, k={k}, {n_prompts} prompts x {max_new_tokens} tokens"
+    )
     task = get_task(task_name)
     examples = task.load(limit=n_prompts + 1)
     sampling = SamplingParams()
@@ -139,6 +154,10 @@ def print_bench(tallies: dict[str, Tally], console: Console) -> dict[str, float]
         "[/bold]"
     )
     return ratios
+
+
+def _items(options: dict) -> tuple:
+    return tuple(sorted(options.items()))
 
 
 def _ratio(theirs: Tally, ours: Tally) -> float:

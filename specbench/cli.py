@@ -94,6 +94,10 @@ def bench(
     task: str = typer.Option("arithmetic", help="Prompt set (a task name)."),
     dtype: str = typer.Option("auto", help="float32, bfloat16, float16, float64 or auto."),
     device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto."),
+    target_options: str = typer.Option(
+        "{}", help='Loader options as JSON, e.g. \'{"hidden_size": 2048, "layers": 16}\' for tiny-llama.'
+    ),
+    drafter_options: str = typer.Option("{}", help="Loader options of the drafter as JSON."),
 ):
     """Time our AR/SD loops against HF generate (assisted and prompt lookup) on the same inputs.
 
@@ -103,8 +107,38 @@ def bench(
     from specbench.bench import print_bench, run_bench
 
     console = Console()
-    tallies = run_bench(target, drafter, k, prompts, max_new_tokens, dtype, device, task, console)
+    options = {
+        name: _json_option(f"--{name}", value)
+        for name, value in (("target-options", target_options), ("drafter-options", drafter_options))
+    }
+    tallies = run_bench(
+        target,
+        drafter,
+        k,
+        prompts,
+        max_new_tokens,
+        dtype,
+        device,
+        task,
+        console,
+        options["target-options"],
+        options["drafter-options"],
+    )
     print_bench(tallies, console)
+
+
+def _json_option(flag: str, value: str) -> dict:
+    import json
+
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as error:
+        raise SpecbenchError(
+            flag, f"not valid JSON ({error.msg})", "write an object like '{\"layers\": 2}'"
+        ) from None
+    if not isinstance(parsed, dict):
+        raise SpecbenchError(flag, "must be a JSON object", "write an object like '{\"layers\": 2}'")
+    return parsed
 
 
 def main() -> None:  # pragma: no cover

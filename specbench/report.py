@@ -70,7 +70,10 @@ def render(results: Path, fmt: str = "table", console: Console | None = None) ->
         return "\n\n".join(f"### {name}\n\n{_markdown(group)}" for name, group in _by_dataset(frame))
     if fmt == "latex":
         return "\n\n".join(_latex(name, group) for name, group in _by_dataset(frame))
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
+            console = Console(width=220)
     for name, group in _by_dataset(frame):
         table = Table(title=name, title_justify="left")
         for column in group.columns:

@@ -1,0 +1,20 @@
+"""Benchmark tasks: each a dataset, a prompt template and a scorer."""
+
+from __future__ import annotations
+
+from specbench.errors import SpecbenchError
+from specbench.tasks.arithmetic import ARITHMETIC
+from specbench.tasks.base import Example, Task, render_prompt
+from specbench.tasks.gsm8k import GSM8K
+from specbench.tasks.mmlu import MMLU
+
+TASKS: dict[str, Task] = {task.name: task for task in (ARITHMETIC, GSM8K, MMLU)}
+
+
+def get_task(name: str) -> Task:
+    if name not in TASKS:
+        raise SpecbenchError(f"task {name!r}", "unknown task", f"use one of {sorted(TASKS)}")
+    return TASKS[name]
+
+
+__all__ = ["Example", "Task", "TASKS", "get_task", "render_prompt"]

@@ -1,0 +1,127 @@
+"""A task is data: where its examples live, the paper's prompt template, and a scorer.
+
+The same loader reads the Hugging Face Hub or a local JSONL file in the Hub's schema, in this
+order: the recipe's ``data_files``, then ``$SPECBENCH_DATA_DIR/<task>/<split>.jsonl``, then the Hub.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from specbench.errors import SpecbenchError
+
+
+@dataclass(frozen=True)
+class Example:
+    id: str  # stable: the row's own id field, else "<task>/<split>/<row index>"
+    prompt: str  # the paper's template filled in, before any chat template
+    reference: str  # the gold answer the scorer compares against
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    hub_id: str | None
+    hub_config: str | None
+    default_split: str
+    template: str
+    metric: str
+    fields: tuple[str, ...]  # the Hub-schema fields every row must have
+    build: Callable[[dict, str], Example]  # (row, fallback id) -> Example
+    grade: Callable[[Example, str], float]  # (example, output text) -> metric value
+    embedded: str | None = None  # a JSONL file shipped in specbench/data
+
+    def load(
+        self, split: str | None = None, data_files: str | None = None, limit: int | None = None
+    ) -> list[Example]:
+        split = split or self.default_split
+        rows, origin = self._rows(split, data_files)
+        examples = []
+        for index, row in enumerate(rows):
+            if limit is not None and index >= limit:
+                break
+            missing = [f for f in self.fields if f not in row]
+            if missing:
+                raise SpecbenchError(
+                    origin,
+                    f"row {index} has no field {missing[0]!r} (task {self.name} expects {list(self.fields)})",
+                    f"use a JSONL file in the schema of {self.hub_id or 'the embedded set'}",
+                )
+            examples.append(self.build(row, f"{self.name}/{split}/{index}"))
+        return examples
+
+    def score(self, example: Example, output_text: str) -> dict[str, float]:
+        return {self.metric: self.grade(example, output_text)}
+
+    def _rows(self, split: str, data_files: str | None):
+        if data_files:
+            return _read_jsonl(Path(data_files)), str(data_files)
+        data_dir = os.environ.get("SPECBENCH_DATA_DIR")
+        if data_dir and (Path(data_dir) / self.name / f"{split}.jsonl").is_file():
+            path = Path(data_dir) / self.name / f"{split}.jsonl"
+            return _read_jsonl(path), str(path)
+        if self.embedded:
+            resource = resources.files("specbench.data").joinpath(self.embedded)
+            return _read_jsonl(Path(str(resource))), f"specbench/data/{self.embedded}"
+        return _from_hub(self, split), f"{self.hub_id} ({split})"
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    """Rows of a local file in the Hub's schema (JSONL read directly; other formats via ``datasets``)."""
+    if not path.is_file():
+        raise SpecbenchError(
+            str(path), "data file not found", "point data_files (or SPECBENCH_DATA_DIR) at a JSONL file"
+        )
+    if path.suffix == ".jsonl" and path.stat().st_size < 50_000_000:
+        import json
+
+        try:
+            return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise SpecbenchError(
+                str(path), f"not valid JSON lines ({error})", "give one JSON object per line"
+            ) from None
+    import datasets
+
+    return list(datasets.load_dataset("json", data_files=str(path), split="train"))
+
+
+def _from_hub(task: Task, split: str) -> list[dict]:
+    fix = (
+        f"set data_files: in the recipe, or SPECBENCH_DATA_DIR so that <dir>/{task.name}/{split}.jsonl exists "
+        f"(a JSONL copy of {task.hub_id} in its schema)"
+    )
+    if any(
+        os.environ.get(v, "0") not in ("0", "", "false") for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+    ):
+        raise SpecbenchError(f"task {task.name}", f"hub dataset {task.hub_id} is unavailable offline", fix)
+    from specbench.models.registry import hub_reachable
+
+    if not hub_reachable():
+        raise SpecbenchError(f"task {task.name}", f"cannot reach the Hugging Face Hub for {task.hub_id}", fix)
+    import datasets
+
+    try:
+        return list(datasets.load_dataset(task.hub_id, task.hub_config, split=split))
+    except Exception as error:  # network and dataset-script errors come in many types
+        raise SpecbenchError(
+            f"task {task.name}", f"could not load {task.hub_id} ({type(error).__name__})", fix
+        ) from None
+
+
+def render_prompt(example: Example, tokenizer, chat_template: bool) -> str:
+    """The text the model sees: the task prompt, wrapped in the tokenizer's chat template if asked."""
+    if not chat_template:
+        return example.prompt
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise SpecbenchError(
+            "datasets[].chat_template",
+            "the model's tokenizer has no chat template",
+            "set chat_template: false for this dataset",
+        )
+    messages = [{"role": "user", "content": example.prompt}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
