@@ -72,7 +72,7 @@ def _draft_probs(drafts: torch.Tensor, q: torch.Tensor | None, rows: torch.Tenso
 def greedy_accept(
     drafts: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor, generator=None, *, lenience: float = 1.0
 ) -> Verdict:
-    """Greedy verification: keep drafts while they equal the verifier's argmax (lenient: or q(x) <= l p(x))."""
+    """Greedy verification: keep drafts while they equal the argmax of p (lenient: or q(x) <= l p(x))."""
     best = p.argmax(dim=-1)  # [k+1]
     k = drafts.shape[0]
     agree = drafts == best[:k]

@@ -1,4 +1,4 @@
-"""Autoregressive decoding: one target forward pass per token (the baseline every speedup is measured against)."""
+"""Autoregressive decoding: one target forward pass per token (the baseline of every speedup)."""
 
 from __future__ import annotations
 

@@ -48,6 +48,8 @@ class HFModel:
     @torch.inference_mode()
     def start(self, prompt_ids: torch.Tensor) -> None:
         prompt_ids = prompt_ids.to(self.device)
+        if prompt_ids.ndim != 1 or (prompt_ids.shape[0] == 0 and not self.is_encoder_decoder):
+            raise ValueError(f"{self.name}: the prompt must be a non-empty 1-D tensor of token ids")
         if self.is_encoder_decoder:
             started = self.counter.begin(self.device)
             self._encoder_outputs = self.model.get_encoder()(input_ids=prompt_ids[None])

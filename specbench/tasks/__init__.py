@@ -13,7 +13,7 @@ TASKS: dict[str, Task] = {task.name: task for task in (ARITHMETIC, GSM8K, MMLU)}
 
 def get_task(name: str) -> Task:
     if name not in TASKS:
-        raise SpecbenchError(f"task {name!r}", "unknown task", f"use one of {sorted(TASKS)}")
+        raise SpecbenchError(f"task {name!r}", "unknown task", f"use one of {', '.join(sorted(TASKS))}")
     return TASKS[name]
 
 

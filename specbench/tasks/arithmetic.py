@@ -11,18 +11,19 @@ from specbench.tasks.gsm8k import TEMPLATE, grade_number
 
 
 def _build(row: dict, fallback_id: str) -> Example:
-    return Example(row.get("id", fallback_id), TEMPLATE.format(question=row["question"]), str(row["answer"]))
+    prompt = TEMPLATE.format(question=row["question"])
+    return Example(row.get("id") or fallback_id, prompt, str(row["answer"]))
 
 
 ARITHMETIC = Task(
-    "arithmetic",
-    None,
-    None,
-    "test",
-    TEMPLATE,
-    "accuracy",
-    ("question", "answer"),
-    _build,
-    grade_number,
+    name="arithmetic",
+    hub_id=None,
+    hub_config=None,
+    default_split="test",
+    template=TEMPLATE,
+    metric="accuracy",
+    fields=("question", "answer"),
+    build=_build,
+    grade=grade_number,
     embedded="arithmetic.jsonl",
 )

@@ -1,7 +1,8 @@
 """A task is data: where its examples live, the paper's prompt template, and a scorer.
 
 The same loader reads the Hugging Face Hub or a local JSONL file in the Hub's schema, in this
-order: the recipe's ``data_files``, then ``$SPECBENCH_DATA_DIR/<task>/<split>.jsonl``, then the Hub.
+order: the recipe's ``data_files``, then ``$SPECBENCH_DATA_DIR/<task>/<split>.jsonl``, then the
+embedded file (tasks that ship one), then the Hub.
 """
 
 from __future__ import annotations
@@ -38,18 +39,19 @@ class Task:
     def load(
         self, split: str | None = None, data_files: str | None = None, limit: int | None = None
     ) -> list[Example]:
+        """The first ``limit`` examples (all when None) of ``split`` (default: ``default_split``)."""
         split = split or self.default_split
         rows, origin = self._rows(split, data_files)
+        if limit is not None:
+            rows = rows.select(range(min(max(limit, 0), len(rows))))
         examples = []
         for index, row in enumerate(rows):
-            if limit is not None and index >= limit:
-                break
-            missing = [f for f in self.fields if f not in row]
+            missing = [field for field in self.fields if row.get(field) is None]
             if missing:
                 raise SpecbenchError(
                     origin,
                     f"row {index} has no field {missing[0]!r} (task {self.name} expects {list(self.fields)})",
-                    f"use a JSONL file in the schema of {self.hub_id or 'the embedded set'}",
+                    f"use a JSONL file in the schema of {self.hub_id or f'specbench/data/{self.embedded}'}",
                 )
             examples.append(self.build(row, f"{self.name}/{split}/{index}"))
         return examples
@@ -65,51 +67,50 @@ class Task:
             path = Path(data_dir) / self.name / f"{split}.jsonl"
             return _read_jsonl(path), str(path)
         if self.embedded:
-            resource = resources.files("specbench.data").joinpath(self.embedded)
-            return _read_jsonl(Path(str(resource))), f"specbench/data/{self.embedded}"
+            with resources.as_file(resources.files("specbench") / "data" / self.embedded) as path:
+                return _read_jsonl(path), f"specbench/data/{self.embedded}"
         return _from_hub(self, split), f"{self.hub_id} ({split})"
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    """Rows of a local file in the Hub's schema (JSONL read directly; other formats via ``datasets``)."""
+def _read_jsonl(path: Path):
+    """A local JSONL file in the Hub's schema, read by ``datasets`` as the Hub dataset would be."""
+    fix = "point data_files (or SPECBENCH_DATA_DIR/<task>/<split>.jsonl) at a JSONL file, one object a line"
     if not path.is_file():
-        raise SpecbenchError(
-            str(path), "data file not found", "point data_files (or SPECBENCH_DATA_DIR) at a JSONL file"
-        )
-    if path.suffix == ".jsonl" and path.stat().st_size < 50_000_000:
-        import json
-
-        try:
-            return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise SpecbenchError(
-                str(path), f"not valid JSON lines ({error})", "give one JSON object per line"
-            ) from None
-    import datasets
-
-    return list(datasets.load_dataset("json", data_files=str(path), split="train"))
-
-
-def _from_hub(task: Task, split: str) -> list[dict]:
-    fix = (
-        f"set data_files: in the recipe, or SPECBENCH_DATA_DIR so that <dir>/{task.name}/{split}.jsonl exists "
-        f"(a JSONL copy of {task.hub_id} in its schema)"
-    )
-    if any(
-        os.environ.get(v, "0") not in ("0", "", "false") for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
-    ):
-        raise SpecbenchError(f"task {task.name}", f"hub dataset {task.hub_id} is unavailable offline", fix)
-    from specbench.models.registry import hub_reachable
-
-    if not hub_reachable():
-        raise SpecbenchError(f"task {task.name}", f"cannot reach the Hugging Face Hub for {task.hub_id}", fix)
+        raise SpecbenchError(str(path), "data file not found", fix)
     import datasets
 
     try:
-        return list(datasets.load_dataset(task.hub_id, task.hub_config, split=split))
+        return datasets.load_dataset("json", data_files=str(path), split="train")
+    except Exception as error:  # datasets wraps JSON and schema errors in several types
+        raise SpecbenchError(str(path), f"not readable as JSON lines ({type(error).__name__})", fix) from None
+
+
+def _offline() -> bool:
+    flags = (os.environ.get(name, "0").strip().lower() for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
+    return any(flag not in ("0", "", "false", "no", "off") for flag in flags)
+
+
+def _from_hub(task: Task, split: str):
+    fix = (
+        f"set data_files: in the recipe, or SPECBENCH_DATA_DIR so that <dir>/{task.name}/{split}.jsonl "
+        f"exists (a JSONL copy of {task.hub_id} in its schema)"
+    )
+    if _offline():
+        raise SpecbenchError(f"task {task.name}", f"hub dataset {task.hub_id} is unavailable offline", fix)
+    # Unreachable, datasets retries for ~25 s before failing; a 3 s socket probe fails fast instead.
+    from specbench.models.registry import hub_reachable
+
+    if not hub_reachable():
+        raise SpecbenchError(
+            f"task {task.name}", f"could not reach the Hugging Face Hub ({task.hub_id})", fix
+        )
+    import datasets
+
+    try:
+        return datasets.load_dataset(task.hub_id, task.hub_config, split=split)
     except Exception as error:  # network and dataset-script errors come in many types
         raise SpecbenchError(
-            f"task {task.name}", f"could not load {task.hub_id} ({type(error).__name__})", fix
+            f"task {task.name}", f"could not load hub dataset {task.hub_id} ({type(error).__name__})", fix
         ) from None
 
 
@@ -117,7 +118,7 @@ def render_prompt(example: Example, tokenizer, chat_template: bool) -> str:
     """The text the model sees: the task prompt, wrapped in the tokenizer's chat template if asked."""
     if not chat_template:
         return example.prompt
-    if getattr(tokenizer, "chat_template", None) is None:
+    if not getattr(tokenizer, "chat_template", None):
         raise SpecbenchError(
             "datasets[].chat_template",
             "the model's tokenizer has no chat template",
