@@ -2,82 +2,145 @@
 
 ``load_recipe`` validates it (unknown keys and wrong types are errors, never silent defaults)
 and ``Recipe.cells`` expands every method's grid into cells. Every problem becomes one
-:class:`SpecbenchError` line naming the file, the field and the fix.
+:class:`SpecbenchError` line naming the file, the field and the fix, e.g.
+``recipes/x.yaml: methods[1].grid.k[0]: 0 is out of range (k: draft length, ...) — fix: use 1 <= k <= 64``.
+
+Validation has two layers: pydantic checks the shape, types and ranges of the schema; plain
+Python then checks what needs the whole recipe (model references, method parameters against
+:data:`METHODS`, task names).
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import itertools
 import json
 import os
-from collections.abc import Collection
+import re
+import types
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
 
+from specbench.costs import cost_tables
 from specbench.errors import SpecbenchError
 
-NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
+NAME_PATTERN = r"[A-Za-z0-9_.-]+"
+# The same list as specbench.models.registry, which is not imported here because it pulls in torch.
 STATISTICAL_SOURCES = ("prompt-lookup", "maxgram")
+
+
+# -- method schemas ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class ParamSpec:
-    type: type
+    type: type  # int, float, str or bool; a bool is never accepted as a number
     default: Any
     help: str
-    minimum: float | None = None
-    maximum: float | None = None
+    minimum: float | None = None  # inclusive
+    maximum: float | None = None  # inclusive
     choices: tuple | None = None
+    validator: Callable[[Any], str | None] | None = None  # extra rule: None, or the fix for a bad value
 
 
 @dataclass(frozen=True)
 class MethodInfo:
     needs_drafter: bool
     params: dict[str, ParamSpec]
-    help: str
-    check: Any = None  # optional callable(params) -> error string or None, for cross-parameter rules
+    help: str = ""
+    neural_drafter_only: bool = False  # the drafter must be a model, not a statistical drafter
+    # Rule across parameters, called with every fully resolved grid point: None, or (param, problem, fix).
+    check: Callable[[dict], tuple[str, str, str] | None] | None = None
 
 
-def _check_lenience(params: dict) -> str | None:
-    lenience, convention = params.get("lenience", 1.0), params.get("lenience_convention", "cs")
-    if convention == "cs" and lenience < 1.0:
-        return f"lenience {lenience} is below 1, but the cs convention needs l >= 1"
-    if convention == "leviathan" and not 0.0 < lenience <= 1.0:
-        return f"lenience {lenience} is outside (0, 1], which the leviathan convention needs"
+def _positive(value: float) -> str | None:
+    return None if value > 0 else "use a value > 0"
+
+
+def _check_lenience(params: dict) -> tuple[str, str, str] | None:
+    lenience, convention = params["lenience"], params["lenience_convention"]
+    if convention == "cs" and lenience < 1:
+        return (
+            "lenience",
+            f"lenience {lenience} is below 1, which the cs convention does not allow",
+            "use lenience >= 1, or lenience_convention: leviathan for lenience in (0, 1]",
+        )
+    if convention == "leviathan" and lenience > 1:
+        return (
+            "lenience",
+            f"lenience {lenience} is above 1, which the leviathan convention does not allow",
+            "use lenience in (0, 1], or lenience_convention: cs for lenience >= 1",
+        )
     return None
 
 
-K = ParamSpec(int, 4, "draft length: tokens proposed per target verification", 1, 64)
+DRAFT_LENGTH = ParamSpec(int, 4, "draft length, the tokens proposed per target verification", 1, 64)
+
+# Later algorithms register here: METHODS["name"] = MethodInfo(...), plus an entry in specbench.methods.
 METHODS: dict[str, MethodInfo] = {
     "autoregressive": MethodInfo(False, {}, "one target forward pass per token"),
     "speculative": MethodInfo(
         True,
         {
-            "k": K,
-            "lenience": ParamSpec(float, 1.0, "loosens the review (1 = lossless)", minimum=0.0),
+            "k": DRAFT_LENGTH,
+            "lenience": ParamSpec(float, 1.0, "loosens the review; 1 = lossless", validator=_positive),
             "lenience_convention": ParamSpec(
-                str, "cs", "cs: l >= 1; leviathan: l in (0, 1]", choices=("cs", "leviathan")
+                str, "cs", "cs: lenience >= 1; leviathan: lenience in (0, 1]", choices=("cs", "leviathan")
             ),
         },
         "speculative decoding (Leviathan et al. 2023), greedy or sampled",
-        _check_lenience,
+        check=_check_lenience,
     ),
-    "hf_assisted": MethodInfo(True, {"k": K}, "transformers generate(assistant_model=...), constant k"),
+    "hf_assisted": MethodInfo(
+        True,
+        {"k": DRAFT_LENGTH},
+        "transformers generate(assistant_model=...), constant k",
+        neural_drafter_only=True,
+    ),
     "hf_prompt_lookup": MethodInfo(
         False,
-        {"k": K, "max_ngram": ParamSpec(int, 2, "longest n-gram prompt lookup matches", 1, 64)},
+        {"k": DRAFT_LENGTH, "max_ngram": ParamSpec(int, 2, "longest n-gram prompt lookup matches", 1)},
         "transformers generate(prompt_lookup_num_tokens=k)",
     ),
 }
 
 
+# -- the schema --------------------------------------------------------------------------------
+
+
+def _invalid(problem: str, fix: str) -> PydanticCustomError:
+    """A pydantic error that carries our own problem and fix through to the SpecbenchError."""
+    return PydanticCustomError("specbench", "{problem}", {"problem": problem, "fix": fix})
+
+
+def _check_name(value: str) -> str:
+    if not re.fullmatch(NAME_PATTERN, value):
+        raise _invalid(f"{value!r} is not a valid name", "use only letters, digits, '_', '.' and '-'")
+    return value
+
+
+Name = Annotated[str, AfterValidator(_check_name)]
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: "3" is not an int and true is not a number; extra="forbid": a misspelt key is an error.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class CostTableEntry(_Strict):
@@ -85,277 +148,463 @@ class CostTableEntry(_Strict):
     entry: str
 
 
-class CostSpec(_Strict):
-    pw: float | CostTableEntry | None = Field(
-        default=None, description="prior-work cost relative to the target"
-    )
+def _table_entry(value: dict) -> CostTableEntry:
+    if set(value) != {"table", "entry"}:
+        raise _invalid(f"a cost table reference has keys {sorted(value)}", "write {table: NAME, entry: NAME}")
+    tables = cost_tables()
+    table = tables.get(value["table"])
+    if table is None:
+        raise _invalid(f"unknown cost table {value['table']!r}", _one_of(value["table"], tables))
+    if value["entry"] not in table["entries"]:
+        raise _invalid(
+            f"cost table {value['table']!r} has no entry {value['entry']!r}",
+            _one_of(value["entry"], table["entries"]),
+        )
+    return CostTableEntry(table=value["table"], entry=value["entry"])
 
-    @field_validator("pw")
+
+class CostSpec(_Strict):
+    pw: float | CostTableEntry | None = None  # prior-work cost relative to the target (= 1)
+
+    @field_validator("pw", mode="before")
     @classmethod
-    def _non_negative(cls, value):
-        if isinstance(value, float) and value < 0:
-            raise ValueError("a cost must be >= 0")
-        return value
+    def _number_or_table_entry(cls, value):
+        # Checked by hand: a plain union would report one error per member type.
+        if value is None or isinstance(value, CostTableEntry):
+            return value
+        if isinstance(value, dict):
+            return _table_entry(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if value < 0:
+                raise _invalid(f"{value} is a negative cost", "use a number >= 0 (the target costs 1)")
+            return float(value)
+        raise _invalid(
+            f"{_show(value)} is neither a number nor a cost table entry",
+            "use a number >= 0 or {table: NAME, entry: NAME}",
+        )
 
 
 class ModelSpec(_Strict):
-    source: str
+    source: str = Field(min_length=1)
     dtype: Literal["float32", "float64", "bfloat16", "float16", "auto"] = "auto"
-    device: str = Field(default="auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$")
+    device: str = "auto"
     revision: str | None = None
-    options: dict[str, Any] = Field(default_factory=dict)
+    options: dict[str, Any] = Field(default_factory=dict)  # passed to the loader as is
     cost: CostSpec | None = None
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", value):
+            raise _invalid(f"{value!r} is not a device", "use auto, cpu, cuda, cuda:N or mps")
+        return value
 
 
 class DatasetSpec(_Strict):
     task: str
     split: str | None = None
     limit: int | None = Field(default=None, ge=1)
-    data_files: Path | None = None
+    data_files: Path | None = Field(default=None, strict=False)
     chat_template: bool = True
+
+    @field_validator("data_files")
+    @classmethod
+    def _readable(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
+        recipe_dir = (info.context or {}).get("recipe_dir", Path("."))
+        path = value.expanduser()
+        path = path if path.is_absolute() else recipe_dir / path
+        if not path.is_file() or not os.access(path, os.R_OK):
+            raise _invalid(
+                f"cannot read {path}",
+                "give a readable .jsonl file (a relative path starts at the recipe's folder)",
+            )
+        return path
 
 
 class GenerationSpec(_Strict):
     max_new_tokens: int = Field(default=128, ge=1)
-    temperature: float = Field(default=0.0, ge=0.0)
-    top_k: int = Field(default=0, ge=0)
+    temperature: float = Field(default=0.0, ge=0.0)  # 0 = greedy
+    top_k: int = Field(default=0, ge=0)  # 0 = off
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
 
 
 class MethodSpec(_Strict):
-    name: str = Field(pattern=NAME_PATTERN)
+    name: Name
     method: str
     target: str
     drafter: str | None = None
     params: dict[str, Any] = Field(default_factory=dict)
     grid: dict[str, list[Any]] = Field(default_factory=dict)
 
+    @field_validator("method")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        if value not in METHODS:
+            raise _invalid(f"unknown method {value!r}", _one_of(value, METHODS))
+        return value
+
 
 class Recipe(_Strict):
-    name: str = Field(pattern=NAME_PATTERN)
+    name: Name
     description: str = ""
     seed: int = 0
-    warmup: int = Field(default=1, ge=0)
+    warmup: int = Field(default=1, ge=0)  # examples run once per cell before timing, not recorded
     lossless_check: bool = True
     generation: GenerationSpec = Field(default_factory=GenerationSpec)
     models: dict[str, ModelSpec] = Field(min_length=1)
     datasets: list[DatasetSpec] = Field(min_length=1)
     methods: list[MethodSpec] = Field(min_length=1)
-    path: Path = Field(default=Path("<recipe>"), exclude=True)
+    # Private, so it is neither a recipe key nor part of dumps, equality or fingerprints.
+    _path: Path = PrivateAttr(default=Path("<recipe>"))
+
+    @property
+    def path(self) -> Path:
+        return self._path
 
     def cells(self) -> list[Cell]:
+        """Methods in recipe order; within one, the cartesian product of its grid in sorted-key order."""
         cells = []
         for spec in self.methods:
             info = METHODS[spec.method]
-            base = {name: p.default for name, p in info.params.items()} | spec.params
-            keys = sorted(spec.grid)
-            for values in itertools.product(*(spec.grid[k] for k in keys)):
-                point = dict(zip(keys, values, strict=True))
-                cells.append(
-                    Cell(spec.name, spec.method, spec.target, spec.drafter, base | point, tuple(keys))
-                )
+            fixed = _defaults(info) | _normalized(info, spec.params)
+            keys = tuple(sorted(spec.grid))
+            for values in itertools.product(*(spec.grid[key] for key in keys)):
+                point = _normalized(info, dict(zip(keys, values, strict=True)))
+                cells.append(Cell(spec.name, spec.method, spec.target, spec.drafter, fixed | point, keys))
         return cells
 
     def resolved(self) -> dict:
+        """Every default filled in, as plain data; loading it again gives the same cells."""
         data = self.model_dump(mode="json")
-        for method in data["methods"]:
-            info = METHODS[method["method"]]
-            method["params"] = {name: p.default for name, p in info.params.items()} | method["params"]
+        for dumped, spec in zip(data["methods"], self.methods, strict=True):
+            info = METHODS[spec.method]
+            params = _defaults(info) | _normalized(info, spec.params)
+            dumped["params"] = {name: value for name, value in params.items() if name not in spec.grid}
         return data
+
+
+def _defaults(info: MethodInfo) -> dict:
+    return {name: spec.default for name, spec in info.params.items()}
+
+
+def _normalized(info: MethodInfo, params: dict) -> dict:
+    return {name: _as_declared(info.params[name], value) for name, value in params.items()}
+
+
+def _as_declared(spec: ParamSpec, value: Any) -> Any:
+    # 1 and 1.0 for a float parameter must give the same cell id and fingerprint.
+    return float(value) if spec.type is float else value
 
 
 @dataclass(frozen=True)
 class Cell:
-    method_name: str
-    method: str
-    target: str
+    method_name: str  # the recipe's label, e.g. "sd-lookup"
+    method: str  # a key of METHODS, e.g. "speculative"
+    target: str  # model names in recipe.models
     drafter: str | None
-    params: dict = field(hash=False)
-    grid_keys: tuple = ()
+    params: dict = field(hash=False)  # defaults + params + this grid point
+    grid_keys: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
+        """``sd-lookup[k=4]``: the label plus this cell's grid values; just the label without a grid."""
         if not self.grid_keys:
             return self.method_name
-        return self.method_name + "[" + ",".join(f"{k}={self.params[k]}" for k in self.grid_keys) + "]"
+        return f"{self.method_name}[{','.join(f'{key}={self.params[key]}' for key in self.grid_keys)}]"
 
     def fingerprint(self, recipe: Recipe) -> str:
-        """Hash of everything that determines this cell's outputs (and nothing else)."""
-        models = {
-            role: recipe.models[name].model_dump(mode="json")
-            for role, name in (("target", self.target), ("drafter", self.drafter))
-            if name
-        }
+        """Hash of everything that determines this cell's outputs, and of nothing else in the recipe."""
         payload = {
             "method": self.method,
             "params": self.params,
-            "models": models,
+            "target": recipe.models[self.target].model_dump(mode="json"),
+            "drafter": recipe.models[self.drafter].model_dump(mode="json") if self.drafter else None,
             "generation": recipe.generation.model_dump(mode="json"),
             "seed": recipe.seed,
         }
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+        canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+# -- loading -----------------------------------------------------------------------------------
+
+
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key given twice in one mapping (PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, (str, int, float, bool)):
+                continue  # unhashable keys are reported by SafeLoader itself
+            if key in seen:
+                raise _DuplicateKey(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 def load_recipe(path: str | Path, known_tasks: Collection[str] | None = None) -> Recipe:
+    """Read, validate and return a recipe; any problem is one SpecbenchError line."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SpecbenchError(
             str(path), "recipe file not found", "check the path (recipes live in recipes/)"
         ) from None
-    except OSError as error:
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
         raise SpecbenchError(
-            str(path), f"cannot read the recipe ({error.strerror})", "check its permissions"
+            str(path), f"cannot read the recipe ({reason})", "give a readable YAML file"
         ) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
     except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        line = f"line {mark.line + 1}: " if mark else ""
-        problem = getattr(error, "problem", None) or "invalid YAML"
-        raise SpecbenchError(str(path), f"{line}{problem}", "fix the YAML syntax") from None
-    if not isinstance(data, dict):
-        raise SpecbenchError(
-            str(path), "a recipe must be a YAML mapping", "start with `name:`, `models:`, ..."
-        )
+        raise _yaml_error(path, error) from None
     return parse_recipe(data, path, known_tasks)
 
 
 def parse_recipe(data: dict, path: str | Path, known_tasks: Collection[str] | None = None) -> Recipe:
+    """Validate already-parsed YAML; ``path`` names the file in messages and anchors relative paths."""
     path = Path(path)
+    if not isinstance(data, dict):
+        raise SpecbenchError(
+            str(path), "a recipe must be a YAML mapping", "start with name:, models:, datasets: and methods:"
+        )
     try:
-        recipe = Recipe.model_validate({**data, "path": path})
+        recipe = Recipe.model_validate(data, context={"recipe_dir": path.parent})
     except ValidationError as error:
-        raise _first_error(path, error) from None
-    _check_references(recipe, path, known_tasks)
+        raise _from_validation_error(path, error) from None
+    recipe._path = path
+    for index, spec in enumerate(recipe.methods):
+        _check_method(recipe, index, spec, f"{path}: methods[{index}]")
+    if known_tasks is not None:
+        for index, dataset in enumerate(recipe.datasets):
+            if dataset.task not in known_tasks:
+                raise SpecbenchError(
+                    f"{path}: datasets[{index}].task",
+                    f"unknown task {dataset.task!r}",
+                    _one_of(dataset.task, known_tasks),
+                )
     return recipe
 
 
-def _where(loc) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
+def _yaml_error(path: Path, error: yaml.YAMLError) -> SpecbenchError:
+    mark = getattr(error, "problem_mark", None)
+    at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    problem = getattr(error, "problem", None) or "invalid YAML"
+    fix = "keep only one of them" if isinstance(error, _DuplicateKey) else "fix the YAML syntax there"
+    return SpecbenchError(str(path), f"{at}{problem}", fix)
 
 
-def _first_error(path: Path, error: ValidationError) -> SpecbenchError:
-    errors = error.errors()
-    first = errors[0]
-    loc = [
-        p for p in first["loc"] if not (isinstance(p, str) and ("[" in p or p in ("float", "CostTableEntry")))
-    ]
-    kind, more = first["type"], f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-    where = f"{path}: {_where(loc)}"
-    if kind == "extra_forbidden":
-        return SpecbenchError(
-            where, f"unknown key{more}", "remove it or check its spelling against the README"
+# -- checks that need the whole recipe ---------------------------------------------------------
+
+
+def _check_method(recipe: Recipe, index: int, spec: MethodSpec, where: str) -> None:
+    earlier = next((i for i, other in enumerate(recipe.methods[:index]) if other.name == spec.name), None)
+    if earlier is not None:
+        raise SpecbenchError(
+            f"{where}.name", f"duplicate method name {spec.name!r} (also methods[{earlier}])", "rename one"
         )
-    if kind == "missing":
-        return SpecbenchError(where, f"required field is missing{more}", "add it")
-    value = first.get("input")
-    shown = (
-        json.dumps(value) if isinstance(value, (str, int, float, bool, type(None))) else type(value).__name__
-    )
-    return SpecbenchError(
-        where, f"{shown} is invalid: {first['msg']}{more}", "give a value of the right type and range"
-    )
+    for role in ("target", "drafter"):
+        name = getattr(spec, role)
+        if name is not None and name not in recipe.models:
+            raise SpecbenchError(
+                f"{where}.{role}",
+                f"no model named {name!r}",
+                f"{_one_of(name, recipe.models)}, or add {name!r} under models:",
+            )
+    info = METHODS[spec.method]
+    _check_roles(recipe, spec, info, where)
+    _check_params(spec, info, where, recipe.generation.max_new_tokens)
 
 
-def _check_references(recipe: Recipe, path: Path, known_tasks: Collection[str] | None) -> None:
-    names = sorted(recipe.models)
-    seen = set()
-    for i, method in enumerate(recipe.methods):
-        where = f"{path}: methods[{i}]"
-        if method.name in seen:
-            raise SpecbenchError(
-                f"{where}.name", f"duplicate method name {method.name!r}", "give each method a unique name"
-            )
-        seen.add(method.name)
-        info = METHODS.get(method.method)
-        if info is None:
-            raise SpecbenchError(
-                f"{where}.method", f"unknown method {method.method!r}", f"use one of {sorted(METHODS)}"
-            )
-        for role in ("target", "drafter"):
-            name = getattr(method, role)
-            if name is not None and name not in recipe.models:
-                raise SpecbenchError(
-                    f"{where}.{role}", f"no model named {name!r}", f"use one of {names} or define it"
-                )
-        if recipe.models[method.target].source in STATISTICAL_SOURCES:
-            raise SpecbenchError(
-                f"{where}.target", "a statistical drafter cannot be a target", "use a neural model"
-            )
-        if info.needs_drafter and method.drafter is None:
-            raise SpecbenchError(
-                f"{where}.drafter", f"method {method.method!r} needs a drafter", "name a drafter model"
-            )
-        if not info.needs_drafter and method.drafter is not None:
-            raise SpecbenchError(
-                f"{where}.drafter", f"method {method.method!r} takes no drafter", "remove it"
-            )
-        _check_params(method, info, where, recipe.generation.max_new_tokens)
-    for i, dataset in enumerate(recipe.datasets):
-        where = f"{path}: datasets[{i}]"
-        if known_tasks is not None and dataset.task not in known_tasks:
-            raise SpecbenchError(
-                f"{where}.task", f"unknown task {dataset.task!r}", f"use one of {sorted(known_tasks)}"
-            )
-        if dataset.data_files is not None:
-            resolved = (
-                dataset.data_files if dataset.data_files.is_absolute() else path.parent / dataset.data_files
-            )
-            if not resolved.is_file() or not os.access(resolved, os.R_OK):
-                raise SpecbenchError(
-                    f"{where}.data_files", f"cannot read {resolved}", "give the path of a JSONL file"
-                )
-            object.__setattr__(dataset, "data_files", resolved)
+def _check_roles(recipe: Recipe, spec: MethodSpec, info: MethodInfo, where: str) -> None:
+    target_source = recipe.models[spec.target].source
+    if target_source in STATISTICAL_SOURCES:
+        raise SpecbenchError(
+            f"{where}.target",
+            f"model {spec.target!r} ({target_source}) is a statistical drafter and cannot be a target",
+            "use a neural model as the target; a statistical drafter can only be a drafter",
+        )
+    if info.needs_drafter and spec.drafter is None:
+        raise SpecbenchError(
+            f"{where}.drafter",
+            f"method {spec.method!r} needs a drafter",
+            f"add drafter: with one of {', '.join(sorted(recipe.models))}",
+        )
+    if not info.needs_drafter and spec.drafter is not None:
+        raise SpecbenchError(
+            f"{where}.drafter", f"method {spec.method!r} takes no drafter", "remove drafter:"
+        )
+    if info.neural_drafter_only and recipe.models[spec.drafter].source in STATISTICAL_SOURCES:
+        raise SpecbenchError(
+            f"{where}.drafter",
+            f"method {spec.method!r} needs a model drafter, but {spec.drafter!r} is a statistical drafter",
+            "use a model as the drafter (for prompt lookup use method hf_prompt_lookup or speculative)",
+        )
 
 
-def _check_params(method: MethodSpec, info: MethodInfo, where: str, max_new_tokens: int) -> None:
-    allowed = sorted(info.params) or ["(none)"]
+def _check_params(spec: MethodSpec, info: MethodInfo, where: str, max_new_tokens: int) -> None:
     for section in ("params", "grid"):
-        for name in getattr(method, section):
+        for name in getattr(spec, section):
             if name not in info.params:
+                fix = _one_of(name, info.params) if info.params else f"remove it: {spec.method} takes none"
                 raise SpecbenchError(
-                    f"{where}.{section}.{name}",
-                    f"unknown parameter of {method.method!r}",
-                    f"use one of {allowed}",
+                    f"{where}.{section}.{name}", f"{spec.method!r} has no parameter {name!r}", fix
                 )
-    for name in set(method.params) & set(method.grid):
-        raise SpecbenchError(f"{where}.grid.{name}", "set in both params and grid", "keep it in one of them")
-    values = [(f"params.{n}", n, v) for n, v in method.params.items()]
-    for name, options in method.grid.items():
-        if not options:
-            raise SpecbenchError(f"{where}.grid.{name}", "empty list", "give at least one value")
-        values += [(f"grid.{name}[{j}]", name, v) for j, v in enumerate(options)]
-    for field_path, name, value in values:
-        problem = _param_problem(info.params[name], value, name, max_new_tokens)
+    for name in sorted(spec.params.keys() & spec.grid.keys()):
+        raise SpecbenchError(
+            f"{where}.grid.{name}", f"{name} is set in both params and grid", "keep it in only one of them"
+        )
+    for name, value in spec.params.items():
+        _check_value(info.params[name], name, value, f"{where}.params.{name}", max_new_tokens)
+    for name, values in spec.grid.items():
+        if not values:
+            raise SpecbenchError(
+                f"{where}.grid.{name}", "the grid list is empty", "give at least one value, or remove the key"
+            )
+        for position, value in enumerate(values):
+            _check_value(info.params[name], name, value, f"{where}.grid.{name}[{position}]", max_new_tokens)
+        normalized = [_as_declared(info.params[name], value) for value in values]
+        repeated = next((v for i, v in enumerate(normalized) if v in normalized[:i]), None)
+        if repeated is not None:
+            raise SpecbenchError(
+                f"{where}.grid.{name}", f"{repeated!r} appears twice (two identical cells)", "list it once"
+            )
+    if info.check is None:
+        return
+    fixed = _defaults(info) | spec.params
+    keys = sorted(spec.grid)
+    for values in itertools.product(*(spec.grid[key] for key in keys)):
+        problem = info.check(fixed | dict(zip(keys, values, strict=True)))
         if problem:
-            raise SpecbenchError(f"{where}.{field_path}", problem[0], problem[1])
-    base = {n: p.default for n, p in info.params.items()} | method.params
-    if info.check:
-        for point in itertools.product(*method.grid.values()):
-            problem = info.check(base | dict(zip(method.grid, point, strict=True)))
-            if problem:
-                raise SpecbenchError(f"{where}", problem, "change lenience or lenience_convention")
+            name, text, fix = problem
+            raise SpecbenchError(f"{where}.{'grid' if name in spec.grid else 'params'}.{name}", text, fix)
 
 
-def _param_problem(spec: ParamSpec, value, name: str, max_new_tokens: int) -> tuple[str, str] | None:
-    expected = spec.type
-    ok = isinstance(value, expected) and not isinstance(value, bool)
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        ok = True
-    if not ok:
-        return f"{json.dumps(value)} is not a{'n' if expected is int else ''} {expected.__name__}", spec.help
-    if spec.choices and value not in spec.choices:
-        return f"{value!r} is not allowed", f"use one of {list(spec.choices)}"
-    if spec.minimum is not None and (value < spec.minimum if expected is int else value <= spec.minimum):
-        bound = f">= {spec.minimum}" if expected is int else f"> {spec.minimum}"
-        return f"{value} is out of range", f"use values {bound}"
-    if spec.maximum is not None and value > spec.maximum:
-        return f"{value} is out of range", f"use values <= {spec.maximum}"
-    if name == "k" and value > max_new_tokens:
-        return f"k = {value} is impossible with max_new_tokens = {max_new_tokens}", "use k <= max_new_tokens"
-    return None
+_TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
+def _check_value(spec: ParamSpec, name: str, value: Any, where: str, max_new_tokens: int) -> None:
+    about = f"({name}: {spec.help})"
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    fits = {
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: is_number,
+        bool: isinstance(value, bool),
+        str: isinstance(value, str),
+    }[spec.type]
+    if not fits:
+        raise SpecbenchError(
+            where,
+            f"{_show(value)} is not {_TYPE_WORDS[spec.type]} {about}",
+            f"write {_TYPE_WORDS[spec.type]}, e.g. {json.dumps(spec.default)}",
+        )
+    if spec.choices is not None and value not in spec.choices:
+        raise SpecbenchError(where, f"{_show(value)} is not allowed {about}", _one_of(value, spec.choices))
+    low, high = spec.minimum, spec.maximum
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise SpecbenchError(where, f"{value} is out of range {about}", f"use {_bounds(name, low, high)}")
+    fix = spec.validator(value) if spec.validator else None
+    if fix:
+        raise SpecbenchError(where, f"{value} is out of range {about}", fix)
+    if name == "k" and value > max_new_tokens:  # every method's k is a draft length
+        raise SpecbenchError(
+            where,
+            f"k = {value} is impossible with generation.max_new_tokens = {max_new_tokens}",
+            f"use k <= {max_new_tokens}, or raise max_new_tokens",
+        )
+
+
+def _bounds(name: str, low: float | None, high: float | None) -> str:
+    if low is not None and high is not None:
+        return f"{low} <= {name} <= {high}"
+    return f"{name} >= {low}" if low is not None else f"{name} <= {high}"
+
+
+# -- messages ----------------------------------------------------------------------------------
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return json.dumps(value, default=str)
+
+
+def _one_of(given: Any, options: Collection) -> str:
+    names = sorted(str(option) for option in options)
+    close = difflib.get_close_matches(str(given), names, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"{hint}use one of: {', '.join(names)}"
+
+
+# pydantic error type -> (problem, fix), formatted with the input as {value} and the error's ctx.
+_EXPLANATIONS = {
+    "missing": ("a required key is missing", "add it"),
+    "int_type": ("{value} is not an integer", "write a whole number, unquoted (true/false are not numbers)"),
+    "float_type": ("{value} is not a number", "write a number without quotes"),
+    "bool_type": ("{value} is not a boolean", "write true or false"),
+    "string_type": (
+        "{value} is not a string",
+        "write a string (quote it if YAML reads it as a number, date, ...)",
+    ),
+    "path_type": ("{value} is not a path", "write a file path as a string"),
+    "dict_type": ("{value} is not a mapping", "write key: value pairs"),
+    "model_type": ("{value} is not a mapping", "write key: value pairs"),
+    "list_type": ("{value} is not a list", "write [a, b] or one '- item' per line"),
+    "literal_error": ("{value} is not allowed", "use one of: {expected}"),
+    "greater_than_equal": ("{value} is too small", "use a value >= {ge}"),
+    "greater_than": ("{value} is too small", "use a value > {gt}"),
+    "less_than_equal": ("{value} is too large", "use a value <= {le}"),
+    "too_short": ("is empty", "give at least one entry"),
+    "string_too_short": ("is empty", "give a non-empty string"),
+}
+
+
+def _from_validation_error(path: Path, error: ValidationError) -> SpecbenchError:
+    errors = error.errors(include_url=False)
+    first, more = errors[0], f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    loc = [part for part in first["loc"] if part != "[key]"]  # "[key]": the error is in a mapping key
+    where = f"{path}: {_field_path(loc)}" if loc else str(path)
+    kind, ctx = first["type"], first.get("ctx") or {}
+    if kind == "specbench":
+        problem, fix = ctx["problem"], ctx["fix"]
+    elif kind == "extra_forbidden":
+        problem = f"unknown key {loc[-1]!r}"
+        fix = f"remove it, or {_one_of(loc[-1], _keys_allowed_at(loc[:-1]))}"
+    elif kind in _EXPLANATIONS:
+        problem, fix = (text.format(value=_show(first.get("input")), **ctx) for text in _EXPLANATIONS[kind])
+    else:
+        problem = f"{_show(first.get('input'))}: {first['msg']}"
+        fix = "see the recipe reference in the README"
+    return SpecbenchError(where, problem + more, fix)
+
+
+def _field_path(loc: list) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _keys_allowed_at(loc: list) -> list[str]:
+    """The field names of the model that the mapping at ``loc`` is validated as."""
+    node: Any = Recipe
+    for part in loc:
+        if isinstance(node, type) and issubclass(node, BaseModel):
+            node = node.model_fields[part].annotation
+        else:  # dict[str, X] or list[X]: one step into X
+            node = get_args(node)[-1]
+        if get_origin(node) in (Union, types.UnionType):  # X | None
+            node = next(arg for arg in get_args(node) if arg is not type(None))
+    return list(node.model_fields) if isinstance(node, type) and issubclass(node, BaseModel) else []

@@ -43,7 +43,8 @@ class Task:
         split = split or self.default_split
         rows, origin = self._rows(split, data_files)
         if limit is not None:
-            rows = rows.select(range(min(max(limit, 0), len(rows))))
+            keep = range(min(max(limit, 0), len(rows)))
+            rows = rows.select(keep) if hasattr(rows, "select") else [rows[i] for i in keep]
         examples = []
         for index, row in enumerate(rows):
             missing = [field for field in self.fields if row.get(field) is None]
@@ -77,11 +78,22 @@ def _read_jsonl(path: Path):
     fix = "point data_files (or SPECBENCH_DATA_DIR/<task>/<split>.jsonl) at a JSONL file, one object a line"
     if not path.is_file():
         raise SpecbenchError(str(path), "data file not found", fix)
-    import datasets
-
+    try:
+        import datasets
+    except ImportError:  # a minimal install (e.g. a GPU box image without datasets) still reads JSONL
+        return _plain_jsonl(path, fix)
     try:
         return datasets.load_dataset("json", data_files=str(path), split="train")
     except Exception as error:  # datasets wraps JSON and schema errors in several types
+        raise SpecbenchError(str(path), f"not readable as JSON lines ({type(error).__name__})", fix) from None
+
+
+def _plain_jsonl(path: Path, fix: str) -> list[dict]:
+    import json
+
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (ValueError, UnicodeDecodeError) as error:
         raise SpecbenchError(str(path), f"not readable as JSON lines ({type(error).__name__})", fix) from None
 
 
