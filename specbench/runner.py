@@ -291,7 +291,11 @@ def _git_hash() -> str | None:
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
         )
         dirty = subprocess.run(
-            ["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, timeout=5
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=5,
         )
         if out.returncode:
             return None

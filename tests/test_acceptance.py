@@ -218,8 +218,9 @@ def test_speculative_sampling_reproduces_the_target_joint(case, tiny_pair):
     counts = np.zeros_like(reference)
     steps = Counter()
     for _ in range(trials):
-        out = speculative.generate(target, drafter, prompt, k=k, max_new_tokens=max_new,
-                                   sampling=sampling, generator=gen)
+        out = speculative.generate(
+            target, drafter, prompt, k=k, max_new_tokens=max_new, sampling=sampling, generator=gen
+        )
         assert len(out.tokens) == max_new
         counts[tuple(out.tokens)] += 1
         steps.update(out.steps)
@@ -242,8 +243,15 @@ def test_prompt_lookup_sampling_reproduces_the_target_joint(tiny_model):
     counts = np.zeros_like(reference)
     steps = Counter()
     for _ in range(1200):
-        out = speculative.generate(target, MaxGramDrafter("drafter"), prompt, k=3, max_new_tokens=2,
-                                   sampling=SamplingParams(temperature=1.0), generator=gen)
+        out = speculative.generate(
+            target,
+            MaxGramDrafter("drafter"),
+            prompt,
+            k=3,
+            max_new_tokens=2,
+            sampling=SamplingParams(temperature=1.0),
+            generator=gen,
+        )
         counts[tuple(out.tokens)] += 1
         steps.update(out.steps)
     assert_matches(counts, reference, "prompt lookup")

@@ -113,3 +113,15 @@ def test_report_over_a_folder_of_runs(tiny_run: Path, tmp_path: Path):
     assert result.exit_code == 0
     runs = {line.split(",")[0] for line in result.output.splitlines()[1:]}
     assert runs == {"a", "b"}
+
+
+def test_seed_override_changes_keys_not_greedy_outputs(tiny_run: Path, tmp_path: Path):
+    out = tmp_path / "seeded"
+    result = runner.invoke(app, ["run", str(TINY), "--output-dir", str(out), "--limit", "1", "--seed", "7"])
+    assert result.exit_code == 0, result.output
+    seeded = {(r["cell"], r["example_id"]): r for r in map(json.loads, (out / "examples.jsonl").open())}
+    base = {(r["cell"], r["example_id"]): r for r in map(json.loads, (tiny_run / "examples.jsonl").open())}
+    for key, row in seeded.items():
+        assert row["key"] != base[key]["key"]  # the seed is part of every row's identity
+        assert row["output_ids"] == base[key]["output_ids"]  # greedy decoding does not depend on it
+    assert "seed: 7" in (out / "resolved_recipe.yaml").read_text()

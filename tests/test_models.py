@@ -108,8 +108,9 @@ def test_replaced_continuation_is_scored_from_the_new_tokens(kind, tiny_model):
     fresh = HFModel(weights, "fresh")
     fresh.start(prompt)
     torch.testing.assert_close(second, fresh.score(torch.tensor([1, 2, 9, 10, 11]), 3), atol=1e-9, rtol=0)
-    torch.testing.assert_close(second, full_logits(weights, kind, prompt, [1, 2, 9, 10, 11])[2:], atol=1e-9,
-                               rtol=0)
+    torch.testing.assert_close(
+        second, full_logits(weights, kind, prompt, [1, 2, 9, 10, 11])[2:], atol=1e-9, rtol=0
+    )
 
 
 def test_counter_reset_and_snapshot(tiny_model):
@@ -121,8 +122,12 @@ def test_counter_reset_and_snapshot(tiny_model):
     assert (snap["forward_passes"], snap["tokens_scored"], snap["encoder_passes"]) == (2, 1 + 2, 1)
     assert snap["seconds"] >= 0.0
     model.counter.reset()
-    assert model.counter.snapshot() == {"forward_passes": 0, "tokens_scored": 0, "encoder_passes": 0,
-                                        "seconds": 0.0}
+    assert model.counter.snapshot() == {
+        "forward_passes": 0,
+        "tokens_scored": 0,
+        "encoder_passes": 0,
+        "seconds": 0.0,
+    }
 
 
 # ---------------------------------------------------------------------------------------------

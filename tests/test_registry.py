@@ -148,3 +148,8 @@ def test_smollm2_offline_loads_and_generates():
     )
     assert sd.tokens == ar.tokens
     assert len(sd.steps) < len(ar.tokens)  # prompt lookup saves target passes on a repetitive prompt
+
+
+def test_unknown_tiny_option_is_one_line():
+    with pytest.raises(SpecbenchError, match=r"models.m.options: unknown tiny-model options: wdith"):
+        registry.load(request("tiny-llama", options={"wdith": 3}))

@@ -137,8 +137,15 @@ def test_greedy_speculative_reproduces_autoregressive(kind, drafter_name, models
             assert not gen.stopped_by_eos
             # without EOS every step commits its accepted drafts plus one token, exactly the budget
             assert sum(a + 1 for _, a in gen.steps) == len(gen.tokens) == MAX_NEW
-            check_bookkeeping(gen, kind=kind, prompt=prompt, k=k, max_new_tokens=MAX_NEW,
-                              drafter_name=drafter_name, stats=stats)
+            check_bookkeeping(
+                gen,
+                kind=kind,
+                prompt=prompt,
+                k=k,
+                max_new_tokens=MAX_NEW,
+                drafter_name=drafter_name,
+                stats=stats,
+            )
 
     assert stats["drafted"] > 0
     if drafter_name == "self":
@@ -165,8 +172,9 @@ def test_self_drafter_forward_counts_follow_the_budget_rule(kind, models):
         for max_new in (1, 2, k - 1, k, k + 1, k + 2, 2 * k + 2, 2 * k + 3, 20):
             if max_new < 1:
                 continue
-            gen = speculative.generate(target, models.drafter("self", kind, seed), prompt, k=k,
-                                       max_new_tokens=max_new)
+            gen = speculative.generate(
+                target, models.drafter("self", kind, seed), prompt, k=k, max_new_tokens=max_new
+            )
             assert gen.tokens == expected[:max_new]
             steps = math.ceil(max_new / (k + 1))
             last = max_new - (steps - 1) * (k + 1) - 1
@@ -187,12 +195,20 @@ def test_short_budgets(kind, drafter_name, models):
         expected = autoregressive.generate(target, prompt, max_new_tokens=9).tokens
         for k in KS:
             for max_new in sorted({1, 2, k, k + 1}):
-                gen = speculative.generate(target, models.drafter(drafter_name, kind, seed), prompt, k=k,
-                                           max_new_tokens=max_new)
+                gen = speculative.generate(
+                    target, models.drafter(drafter_name, kind, seed), prompt, k=k, max_new_tokens=max_new
+                )
                 assert gen.tokens == expected[:max_new], f"seed={seed} k={k} max_new={max_new}"
                 assert sum(a + 1 for _, a in gen.steps) == max_new
-                check_bookkeeping(gen, kind=kind, prompt=prompt, k=k, max_new_tokens=max_new,
-                                  drafter_name=drafter_name, stats=stats)
+                check_bookkeeping(
+                    gen,
+                    kind=kind,
+                    prompt=prompt,
+                    k=k,
+                    max_new_tokens=max_new,
+                    drafter_name=drafter_name,
+                    stats=stats,
+                )
                 if max_new == 1:  # no room for a draft: one plain target pass
                     assert gen.steps == [(0, 0)]
                     assert gen.forwards["drafter"]["forward_passes"] == 0
@@ -216,8 +232,14 @@ def test_explicit_greedy_rule_on_probabilities_is_lossless(kind, models):
         expected = autoregressive.generate(target, prompt, max_new_tokens=MAX_NEW).tokens
         for k in (2, 5):
             for name in ("noisy-copy", "maxgram"):
-                gen = speculative.generate(target, models.drafter(name, kind, seed), prompt, k=k,
-                                           max_new_tokens=MAX_NEW, rule=exact_rule(True))
+                gen = speculative.generate(
+                    target,
+                    models.drafter(name, kind, seed),
+                    prompt,
+                    k=k,
+                    max_new_tokens=MAX_NEW,
+                    rule=exact_rule(True),
+                )
                 assert gen.tokens == expected
 
 
@@ -236,16 +258,35 @@ def test_eos_stops_speculative_where_autoregressive_stops(kind, models):
             assert ar.tokens == free[: stop + 1] and ar.stopped_by_eos
             runs = (("self", 1 + stop % 8), ("noisy-copy", 3), ("other-seed", 2), ("maxgram", 4))
             for drafter_name, k in runs:
-                gen = speculative.generate(target, models.drafter(drafter_name, kind, seed), prompt, k=k,
-                                           max_new_tokens=MAX_NEW, eos_token_id=[eos, VOCAB + 5])
+                gen = speculative.generate(
+                    target,
+                    models.drafter(drafter_name, kind, seed),
+                    prompt,
+                    k=k,
+                    max_new_tokens=MAX_NEW,
+                    eos_token_id=[eos, VOCAB + 5],
+                )
                 assert gen.tokens == ar.tokens, f"seed={seed} eos={eos} {drafter_name} k={k}"
                 assert gen.stopped_by_eos
-                check_bookkeeping(gen, kind=kind, prompt=prompt, k=k, max_new_tokens=MAX_NEW,
-                                  drafter_name=drafter_name, stats=Counter())
+                check_bookkeeping(
+                    gen,
+                    kind=kind,
+                    prompt=prompt,
+                    k=k,
+                    max_new_tokens=MAX_NEW,
+                    drafter_name=drafter_name,
+                    stats=Counter(),
+                )
                 cases += 1
         # an EOS that never comes: nothing changes
-        gen = speculative.generate(target, models.drafter("noisy-copy", kind, seed), prompt, k=3,
-                                   max_new_tokens=MAX_NEW, eos_token_id=VOCAB + 5)
+        gen = speculative.generate(
+            target,
+            models.drafter("noisy-copy", kind, seed),
+            prompt,
+            k=3,
+            max_new_tokens=MAX_NEW,
+            eos_token_id=VOCAB + 5,
+        )
         assert gen.tokens == free and not gen.stopped_by_eos
     assert cases >= 8
 
@@ -269,8 +310,14 @@ def test_eos_inside_an_accepted_draft_block(kind, models):
                 full_budget = block * (k + 1) + k + 1 <= max_new
                 if not (full_budget and offset < k - 1):  # a draft, followed by accepted drafts
                     continue
-                gen = speculative.generate(target, models.drafter("self", kind, seed), prompt, k=k,
-                                           max_new_tokens=max_new, eos_token_id=eos)
+                gen = speculative.generate(
+                    target,
+                    models.drafter("self", kind, seed),
+                    prompt,
+                    k=k,
+                    max_new_tokens=max_new,
+                    eos_token_id=eos,
+                )
                 assert gen.tokens == free[: stop + 1] and gen.stopped_by_eos
                 assert gen.steps == [(k, k)] * (block + 1)
                 committed = sum(a + 1 for _, a in gen.steps)

@@ -223,3 +223,19 @@ def test_render_prompt_with_and_without_chat_template():
     with pytest.raises(SpecbenchError, match="chat template") as error:
         render_prompt(item, tiny_tokenizer(None), True)
     assert "chat_template: false" in str(error.value)
+
+
+def test_jsonl_reads_without_the_datasets_package(monkeypatch):
+    """A minimal install (e.g. a GPU image without `datasets`) still reads the embedded set."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_datasets(name, *args, **kwargs):
+        if name == "datasets" or name.startswith("datasets."):
+            raise ImportError("datasets is not installed")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_datasets)
+    examples = get_task("arithmetic").load(limit=3)
+    assert [e.id for e in examples] == ["arith-001", "arith-002", "arith-003"]

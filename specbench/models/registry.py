@@ -14,6 +14,7 @@ Sources, in the order they are recognised:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -96,18 +97,43 @@ def load(request: ModelRequest):
         return MaxGramDrafter(request.name, max_ngram=opts.get("max_ngram"), max_copy=opts.get("max_copy"))
     device = resolve_device(request.device)
     dtype = resolve_dtype(request.dtype, device)
-    if source in TINY_SOURCES:
-        from specbench.models.tiny import build_tiny
-
-        model, tokenizer = build_tiny(source, dtype=dtype, **opts)
-        origin = f"{source} (random init, seed {opts.get('seed', 0)})"
-    elif source == SMOLLM2_ALIAS:
-        model, tokenizer, origin = _load_smollm2(dtype, request.revision, opts.get("prefer", "auto"))
-    else:
-        model, tokenizer, origin = _load_pretrained(request.name, source, dtype, request.revision)
+    with _quiet_transformers():
+        model, tokenizer, origin = _load_neural(request, source, opts, dtype)
     wrapped = HFModel(model.to(device), request.name, tokenizer)
     wrapped.origin = origin
     return wrapped
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """Our own progress display is enough: hide transformers' per-tensor loading bars."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _load_neural(request: ModelRequest, source: str, opts: dict, dtype: torch.dtype):
+    if source in TINY_SOURCES:
+        from specbench.models.tiny import build_tiny
+
+        try:
+            model, tokenizer = build_tiny(source, dtype=dtype, **opts)
+        except TypeError as error:
+            raise SpecbenchError(
+                f"models.{request.name}.options",
+                str(error),
+                "use seed, vocab_size, hidden_size, layers, heads or init_std",
+            ) from None
+        return model, tokenizer, f"{source} (random init, seed {opts.get('seed', 0)})"
+    if source == SMOLLM2_ALIAS:
+        return _load_smollm2(dtype, request.revision, opts.get("prefer", "auto"))
+    return _load_pretrained(request.name, source, dtype, request.revision)
 
 
 def _from_pretrained(path_or_id: str, dtype: torch.dtype, **kwargs):

@@ -106,8 +106,9 @@ def build_tiny(
         raise ValueError(f"unknown tiny model {kind!r}")
     tokenizer = byte_tokenizer() if vocab_size >= BYTE_VOCAB else None
     if tokenizer is not None:
-        model.config.eos_token_id = tokenizer.eos_token_id
-        model.config.pad_token_id = tokenizer.pad_token_id
-        if kind == "tiny-t5":
-            model.config.decoder_start_token_id = tokenizer.pad_token_id
+        for config in (model.config, model.generation_config):
+            config.eos_token_id = tokenizer.eos_token_id
+            config.pad_token_id = tokenizer.pad_token_id
+            if kind == "tiny-t5":
+                config.decoder_start_token_id = tokenizer.pad_token_id
     return model.to(dtype).eval(), tokenizer
