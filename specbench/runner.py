@@ -7,6 +7,7 @@ silently reusing old ones. Warm-up examples run once per cell and are never reco
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -91,12 +92,22 @@ class Runner:
     def model(self, name: str):
         if name not in self.models:
             with self.console.status(f"loading model {name} ({self.recipe.models[name].source})"):
-                self.models[name] = registry.load(_model_request(self.recipe, name))
+                with self._blame(f"models.{name}"):
+                    self.models[name] = registry.load(_model_request(self.recipe, name))
         return self.models[name]
+
+    @contextlib.contextmanager
+    def _blame(self, field: str):
+        """Name the recipe file (and the field, when the error does not) in errors raised below."""
+        try:
+            yield
+        except SpecbenchError as error:
+            where = error.where if error.where.startswith(field) else f"{field} ({error.where})"
+            raise SpecbenchError(f"{self.recipe.path}: {where}", error.problem, error.fix) from None
 
     def datasets(self) -> list[DatasetRun]:
         runs = []
-        for spec in self.recipe.datasets:
+        for i, spec in enumerate(self.recipe.datasets):
             task = get_task(spec.task)
             split = spec.split or task.default_split
             limit = (
@@ -105,7 +116,8 @@ class Runner:
                 else None
             )
             data_files = str(spec.data_files) if spec.data_files else None
-            examples = task.load(split=split, data_files=data_files, limit=limit)
+            with self._blame(f"datasets[{i}]"):
+                examples = task.load(split=split, data_files=data_files, limit=limit)
             runs.append(DatasetRun(f"{spec.task}/{split}", task, examples, spec.chat_template))
         return runs
 

@@ -125,3 +125,34 @@ def test_seed_override_changes_keys_not_greedy_outputs(tiny_run: Path, tmp_path:
         assert row["key"] != base[key]["key"]  # the seed is part of every row's identity
         assert row["output_ids"] == base[key]["output_ids"]  # greedy decoding does not depend on it
     assert "seed: 7" in (out / "resolved_recipe.yaml").read_text()
+
+
+def test_unreachable_hub_model_names_recipe_and_field(tmp_path: Path, monkeypatch):
+    from specbench.models import registry
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(registry, "hub_reachable", lambda: False)
+    recipe = tmp_path / "hub.yaml"
+    recipe.write_text(
+        TINY.read_text().replace(
+            "source: tiny-llama\n    dtype: float64\n    options: {seed: 1, init_std: 0.3}\n",
+            "source: some-org/not-cached\n",
+            1,
+        )
+    )
+    result = runner.invoke(app, ["run", str(recipe), "--output-dir", str(tmp_path / "out")])
+    message = " ".join(result.output.split())
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert (
+        "hub.yaml: models.target.source" in message and "some-org/not-cached" in message and "fix:" in message
+    )
+
+
+def test_hub_dataset_offline_names_recipe_and_field(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("SPECBENCH_DATA_DIR", raising=False)
+    recipe = tmp_path / "data.yaml"
+    recipe.write_text(TINY.read_text().replace("task: arithmetic", "task: gsm8k"))
+    result = runner.invoke(app, ["run", str(recipe), "--output-dir", str(tmp_path / "out")])
+    message = " ".join(result.output.split())
+    assert result.exit_code == 2 and "data.yaml: datasets[0]" in message and "SPECBENCH_DATA_DIR" in message
