@@ -7,6 +7,7 @@ one entry here and their hyperparameter schema in ``specbench.recipe.METHODS``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -56,7 +57,7 @@ def _speculative(params: dict, target, drafter, r: Request) -> Generation:
     )
 
 
-def _hf_assisted(params: dict, target, drafter, r: Request) -> Generation:
+def _hf(params: dict, target, drafter, r: Request, *, prompt_lookup: bool = False) -> Generation:
     return hf_generate.generate(
         target,
         r.prompt_ids,
@@ -66,19 +67,7 @@ def _hf_assisted(params: dict, target, drafter, r: Request) -> Generation:
         generator=r.generator,
         assistant=drafter,
         k=params["k"],
-    )
-
-
-def _hf_prompt_lookup(params: dict, target, drafter, r: Request) -> Generation:
-    return hf_generate.generate(
-        target,
-        r.prompt_ids,
-        max_new_tokens=r.max_new_tokens,
-        sampling=r.sampling,
-        eos_token_id=r.eos_token_id,
-        generator=r.generator,
-        prompt_lookup=True,
-        k=params["k"],
+        prompt_lookup=prompt_lookup,
         max_ngram=params.get("max_ngram", 2),
     )
 
@@ -86,8 +75,8 @@ def _hf_prompt_lookup(params: dict, target, drafter, r: Request) -> Generation:
 METHOD_FUNCTIONS: dict[str, Callable[[dict, object, object, Request], Generation]] = {
     "autoregressive": _autoregressive,
     "speculative": _speculative,
-    "hf_assisted": _hf_assisted,
-    "hf_prompt_lookup": _hf_prompt_lookup,
+    "hf_assisted": _hf,
+    "hf_prompt_lookup": functools.partial(_hf, prompt_lookup=True),
 }
 
 
