@@ -100,7 +100,7 @@ def test_report_on_empty_dir(tmp_path: Path):
     assert result.exit_code == 2 and "cells.csv" in result.output
 
 
-@pytest.mark.parametrize("command", [[], ["run"], ["report"], ["bench"]])
+@pytest.mark.parametrize("command", [[], ["run"], ["report"], ["bench"], ["theory", "table1"]])
 def test_help(command):
     result = runner.invoke(app, [*command, "--help"])
     assert result.exit_code == 0 and "Usage" in result.output
@@ -156,3 +156,11 @@ def test_hub_dataset_offline_names_recipe_and_field(tmp_path: Path, monkeypatch)
     result = runner.invoke(app, ["run", str(recipe), "--output-dir", str(tmp_path / "out")])
     message = " ".join(result.output.split())
     assert result.exit_code == 2 and "data.yaml: datasets[0]" in message and "SPECBENCH_DATA_DIR" in message
+
+
+def test_theory_table1_prints_ours_beside_the_paper():
+    result = runner.invoke(app, ["theory", "table1", "--steps", "2000"])
+    assert result.exit_code == 0, result.output
+    assert "paper EWIF" in result.output and "3.93" in result.output and "3.919" in result.output
+    bad = runner.invoke(app, ["theory", "table1", "--costs", "foo"])
+    assert bad.exit_code == 2 and "fix:" in bad.output
