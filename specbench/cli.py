@@ -127,6 +127,18 @@ def bench(
     print_bench(tallies, console)
 
 
+@app.command()
+@user_errors
+def plot(
+    results: Path = typer.Argument(..., help="A run directory (holding examples.jsonl)."),
+):
+    """Acceptance rate by draft position (CS Drafting Figure 2): writes a CSV and a PNG into RESULTS."""
+    from specbench.plots import write_acceptance_plot
+
+    csv_path, png_path = write_acceptance_plot(results)
+    err.print(f"wrote {csv_path} and {png_path}")
+
+
 theory_app = typer.Typer(help="Expected walltime improvement (EWIF) from the CS Drafting theory (Section 4).")
 app.add_typer(theory_app, name="theory")
 

@@ -164,3 +164,19 @@ def test_theory_table1_prints_ours_beside_the_paper():
     assert "paper EWIF" in result.output and "3.93" in result.output and "3.919" in result.output
     bad = runner.invoke(app, ["theory", "table1", "--costs", "foo"])
     assert bad.exit_code == 2 and "fix:" in bad.output
+
+
+def test_plot_acceptance_by_position(tiny_run: Path, tmp_path: Path):
+    run = tmp_path / "copy"
+    shutil.copytree(tiny_run, run)
+    result = runner.invoke(app, ["plot", str(run)])
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(run / "acceptance_by_position.csv")
+    assert (run / "acceptance_by_position.png").read_bytes()[:4] == b"\x89PNG"
+    rows = [json.loads(line) for line in (run / "examples.jsonl").read_text().splitlines()]
+    k4 = [r for r in rows if r["cell"] == "sd-lookup[k=4]"]
+    first = table[(table["cell"] == "sd-lookup[k=4]") & (table["position"] == 1)].iloc[0]
+    assert first["proposed"] == sum(1 for r in k4 for d, _ in r["steps"] if d >= 1)
+    assert first["accepted"] == sum(1 for r in k4 for _, a in r["steps"] if a >= 1)
+    assert ((table["accepted"] <= table["proposed"]) & (table["acceptance_rate"] <= 1)).all()
+    assert set(table["cell"]) <= {r["cell"] for r in rows if r["method"] != "autoregressive"}

@@ -1,0 +1,58 @@
+"""Figures from a run directory: acceptance rate by draft position (CS Drafting, Figure 2)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import pandas as pd
+
+from specbench.errors import SpecbenchError
+from specbench.results import read_examples, write_atomic
+
+ACCEPTANCE_CSV = "acceptance_by_position.csv"
+ACCEPTANCE_PNG = "acceptance_by_position.png"
+
+
+def acceptance_by_position(run_dir: Path) -> pd.DataFrame:
+    """One row per (dataset, cell, draft position): drafts proposed there, accepted, and the rate."""
+    rows = read_examples(run_dir)
+    if not rows:
+        raise SpecbenchError(str(run_dir), "no examples.jsonl rows here", "point at a run directory")
+    counts: dict[tuple[str, str, int], list[int]] = defaultdict(lambda: [0, 0])
+    for row in rows:
+        for position, (proposed, accepted) in enumerate(row["accepted_by_position"], start=1):
+            cell = counts[(row["dataset"], row["cell"], position)]
+            cell[0] += proposed
+            cell[1] += accepted
+    table = pd.DataFrame(
+        [(d, c, p, n, a, a / n if n else float("nan")) for (d, c, p), (n, a) in sorted(counts.items())],
+        columns=["dataset", "cell", "position", "proposed", "accepted", "acceptance_rate"],
+    )
+    return table
+
+
+def write_acceptance_plot(run_dir: Path) -> tuple[Path, Path]:
+    """acceptance_by_position.csv and .png in ``run_dir``; one line per speculative cell and dataset."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    table = acceptance_by_position(run_dir)
+    csv_path, png_path = run_dir / ACCEPTANCE_CSV, run_dir / ACCEPTANCE_PNG
+    write_atomic(csv_path, table.to_csv(index=False))
+    datasets = list(dict.fromkeys(table["dataset"])) or ["(none)"]
+    figure, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 3.6), squeeze=False)
+    for ax, dataset in zip(axes[0], datasets, strict=False):
+        for cell, group in table[table["dataset"] == dataset].groupby("cell", sort=False):
+            ax.plot(group["position"], group["acceptance_rate"], marker="o", label=cell)
+        ax.set(title=dataset, xlabel="draft position", ylabel="acceptance rate", ylim=(0, 1.02))
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(png_path, dpi=120)
+    plt.close(figure)
+    return csv_path, png_path
