@@ -39,6 +39,7 @@ class ExampleLog:
     def __init__(self, path: Path):
         self.path = path
         self.rows: list[dict] = []
+        self.by_key: dict[str, dict] = {}
         if path.exists():
             self._load_and_trim()
 
@@ -50,11 +51,15 @@ class ExampleLog:
                 handle.truncate(len(complete))
         for line in complete.decode().splitlines():
             if line.strip():
-                self.rows.append(json.loads(line))
+                self._remember(json.loads(line))
+
+    def _remember(self, row: dict) -> None:
+        self.rows.append(row)
+        self.by_key[row["key"]] = row
 
     @property
     def done(self) -> set[str]:
-        return {row["key"] for row in self.rows}
+        return set(self.by_key)
 
     def append(self, row: dict) -> None:
         line = (json.dumps(row, separators=(",", ":")) + "\n").encode()
@@ -65,7 +70,7 @@ class ExampleLog:
             os.fsync(fd)
         finally:
             os.close(fd)
-        self.rows.append(row)
+        self._remember(row)
 
 
 def read_examples(run_dir: Path) -> list[dict]:

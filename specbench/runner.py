@@ -249,7 +249,7 @@ class Runner:
         for other in self.recipe.cells():
             if other.method == "autoregressive" and other.target == cell.target:
                 key = self._key(other, dataset, example)
-                reference = next((r for r in reversed(self.log.rows) if r["key"] == key), None)
+                reference = self.log.by_key.get(key)
                 break
         if reference is None:
             return None
