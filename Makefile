@@ -13,8 +13,10 @@ BIN         := $(VENV)/bin
 STAMP       := $(VENV)/.specbench-installed
 PYTEST_ARGS ?=
 DEMO_OUT    ?= results/quickstart
+DATA_DIR    ?= $(or $(SPECBENCH_DATA_DIR),../shared/data)
+CACHE       ?= $(or $(SPECBENCH_CACHE),$(HOME)/.cache/specbench)
 
-.PHONY: install demo test test-slow lint bench clean-venv
+.PHONY: install demo test test-slow lint bench drafts clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -42,6 +44,14 @@ test-slow: install
 lint: install
 	$(BIN)/ruff check specbench tests
 	$(BIN)/ruff format --check specbench tests
+
+## drafts: distilled drafters for SmolLM2-135M-Instruct (small ~8.5M, base ~32M, an exit head on
+## its first 4 layers) and a bigram table for Max-Gram, built offline from $(DATA_DIR) into $(CACHE).
+drafts: install
+	$(BIN)/specbench distill --target smollm2-135m-instruct --size small --size base --size exit4 \
+		--data-dir $(DATA_DIR)
+	$(BIN)/specbench bigram build --tokenizer smollm2-135m-instruct --out $(CACHE)/drafters/smollm2-135m-instruct/bigram.json \
+		--corpus $(DATA_DIR)/gsm8k/train.jsonl --corpus $(DATA_DIR)/mmlu/dev.jsonl --corpus $(DATA_DIR)/alpaca_seed/train.jsonl
 
 ## bench: our speculative decoding vs HF assisted generation, same model, prompts and k.
 bench: install

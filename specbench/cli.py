@@ -129,6 +129,67 @@ def bench(
 
 @app.command()
 @user_errors
+def distill(
+    target: str = typer.Option("smollm2-135m-instruct", help="Teacher model source (alias, path or hub id)."),
+    size: list[str] = typer.Option(
+        ["small", "base"],
+        "--size",
+        help="Drafters to train: small (~8.5M, 2 layers x 160), base (target's embedding + layer 0, "
+        "1 layer), exit<N> (an exit head on the target's first N layers). Repeat the option for several.",
+    ),
+    data_dir: Path = typer.Option(
+        None,
+        "--data-dir",
+        envvar="SPECBENCH_DATA_DIR",
+        help="Offline data folder with gsm8k/train.jsonl, mmlu/dev.jsonl and alpaca_seed/train.jsonl.",
+    ),
+    generate: int = typer.Option(800, min=1, help="Training prompts the target answers greedily."),
+    teacher_forced: int = typer.Option(1200, min=0, help="GSM8K train reference answers the target scores."),
+    max_new_tokens: int = typer.Option(128, min=1, help="Length cap of the target's answers."),
+    top_k: int = typer.Option(32, min=1, help="Teacher log-probabilities kept per position."),
+    epochs: float = typer.Option(
+        None, min=0.01, help="Training epochs (default per size: small 3, base 2, exit 1)."
+    ),
+    lr: float = typer.Option(None, min=0.0, help="Peak learning rate (default per size)."),
+    seed: int = typer.Option(0, help="Seed of the student's initialisation and batch order."),
+):
+    """Train drafters that share the target's tokenizer by distillation (forward KL on its top-k).
+
+    The target's answers and top-k log-probabilities are cached under the specbench cache
+    (SPECBENCH_CACHE, default ~/.cache/specbench), so re-training skips the teacher. Drafters are
+    saved to <cache>/drafters/<target>/<size> and load anywhere as source: distilled:<target>/<size>.
+    """
+    import json
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from specbench import distill as distillation
+
+    if data_dir is None:
+        raise SpecbenchError(
+            "--data-dir",
+            "no training data folder",
+            "pass --data-dir ../shared/data or set SPECBENCH_DATA_DIR",
+        )
+    teacher = distillation.TeacherConfig(
+        target, generate, max_new_tokens, teacher_forced, top_k, data_dir=str(Path(data_dir).resolve())
+    )
+    students = [distillation.student_config(s, epochs=epochs, lr=lr, seed=seed) for s in size]
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn())
+    columns += (TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
+    with Progress(*columns, console=err) as progress:
+        saved = distillation.distill(teacher, students, progress)
+    for path in saved:
+        record = json.loads((path / "distill.json").read_text())
+        after = record["held_out_after"]
+        err.print(
+            f"{path}: {record['parameters'] / 1e6:.1f}M parameters, held-out top-1 agreement "
+            f"{after['top1_agreement']:.1%} (before {record['held_out_before']['top1_agreement']:.1%})"
+        )
+
+
+@app.command()
+@user_errors
 def plot(
     results: Path = typer.Argument(..., help="A run directory (holding examples.jsonl)."),
 ):
@@ -181,6 +242,38 @@ def theory_table1(
             best,
         )
     Console().print(table)
+
+
+bigram_app = typer.Typer(help="Argmax bigram tables: the fill of CS Drafting's Max-Gram drafter.")
+app.add_typer(bigram_app, name="bigram")
+
+
+@bigram_app.command("build")
+@user_errors
+def bigram_build(
+    tokenizer: str = typer.Option(..., help="Model source whose tokenizer to use (alias, path or hub id)."),
+    corpus: list[Path] = typer.Option(
+        ..., help="Text corpus: .jsonl (every string field of every row) or plain text. Repeatable."
+    ),
+    out: Path = typer.Option(
+        ..., help="Where to write the table (a JSON list: entry i = argmax successor of i)."
+    ),
+):
+    """Count token bigrams over a corpus and keep each token's most frequent successor.
+
+    Use the result as a Max-Gram fill: models: {mag: {source: maxgram, options: {bigram: OUT}}}.
+    """
+    from specbench.models import registry
+    from specbench.models.bigram import BigramTable, corpus_texts
+
+    model = registry.load(registry.ModelRequest("tokenizer", tokenizer, device="cpu"))
+    texts = corpus_texts(corpus)
+    ids = [model.tokenizer(text, add_special_tokens=False).input_ids for text in texts]
+    table = BigramTable.build(ids, len(model.tokenizer))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table.save(out)
+    learned = int((table.next_token != table.next_token.new_tensor(range(len(table)))).sum())
+    err.print(f"{out}: {len(table)} entries, {learned} learned from {len(texts)} texts")
 
 
 def _json_option(flag: str, value: str) -> dict:

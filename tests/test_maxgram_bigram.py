@@ -222,3 +222,28 @@ def test_greedy_speculative_with_cs_maxgram_is_lossless():
             assert drafter.counter.forward_passes > 0
             accepted += sum(step[1] for step in run.steps)
     assert accepted > 0  # drafts were really used, not all rejected
+
+
+def test_bigram_build_command_and_maxgram_source_with_a_bigram_fill(tmp_path):
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+    from specbench.models import registry
+    from specbench.models.bigram import corpus_texts
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"q": "abab", "a": ["ab"], "n": 3}\n\n{"q": "ba\u2028b"}\n')
+    assert corpus_texts([corpus]) == ["abab", "ab", "ba\u2028b"]
+    out = tmp_path / "table.json"
+    args = ["bigram", "build", "--tokenizer", "tiny-llama", "--corpus", str(corpus), "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    table = BigramTable.load(out)
+    a, b = ord("a"), ord("b")  # the byte tokenizer: ids 0-255 are the bytes
+    assert int(table.next_token[a]) == b and int(table.next_token[b]) == a
+    mag = registry.load(registry.ModelRequest("mag", "maxgram", options=(("bigram", str(out)),)))
+    assert mag.fill is not None and mag.max_copy == 10 and mag.max_ngram is None
+    with pytest.raises(SpecbenchError, match="bigram build"):
+        registry.load(registry.ModelRequest("mag", "maxgram", options=(("bigram", str(tmp_path / "no")),)))
+    with pytest.raises(SpecbenchError, match="takes no option 'colour'"):
+        registry.load(registry.ModelRequest("mag", "maxgram", options=(("colour", 1),)))

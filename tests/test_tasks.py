@@ -42,7 +42,7 @@ def example(task: str, reference: str) -> Example:
 
 
 def test_registry_names_and_unknown_task_lists_them():
-    assert set(TASKS) == {"arithmetic", "gsm8k", "mmlu"}
+    assert set(TASKS) == {"alpaca", "arithmetic", "gsm8k", "mmlu", "spec_bench"}
     assert get_task("gsm8k").hub_id == "openai/gsm8k" and get_task("gsm8k").hub_config == "main"
     assert get_task("mmlu").hub_id == "cais/mmlu" and get_task("mmlu").hub_config == "all"
     assert get_task("arithmetic").hub_id is None
@@ -239,3 +239,22 @@ def test_jsonl_reads_without_the_datasets_package(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_datasets)
     examples = get_task("arithmetic").load(limit=3)
     assert [e.id for e in examples] == ["arith-001", "arith-002", "arith-003"]
+
+
+def test_spec_bench_first_turns_and_alpaca_seed_from_the_data_dir(data_dir):
+    questions = get_task("spec_bench").load(limit=480)
+    assert len(questions) == 480 and len({q.id for q in questions}) == 480
+    first = json.loads((data_dir / "spec_bench" / "question.jsonl").open().readline())
+    assert (
+        questions[0].prompt == first["turns"][0] and questions[0].id == f"spec_bench/{first['question_id']}"
+    )
+    assert get_task("spec_bench").score(questions[0], "anything") == {}  # a speed-only prompt set
+    seeds = get_task("alpaca").load()  # alpaca_seed/ when there is no alpaca/ folder
+    assert len(seeds) == 175 and all(s.prompt for s in seeds)
+    with_input = next(s for s in seeds if "\n\n" in s.prompt)
+    assert with_input.prompt.split("\n\n")[1].strip()
+
+
+def test_a_task_without_a_hub_dataset_names_the_local_file_it_needs(no_data_dir):
+    with pytest.raises(SpecbenchError, match="spec_bench/question.jsonl"):
+        get_task("spec_bench").load()

@@ -95,6 +95,39 @@ class BigramTable:
         return cls(next_token)
 
 
+def corpus_texts(paths) -> list[str]:
+    """Texts of a corpus: every string field of every JSONL row, or every non-empty line of a text file."""
+    texts = []
+    for path in paths:
+        path = Path(path)
+        if not path.is_file():
+            raise SpecbenchError(str(path), "corpus file not found", "give existing .jsonl or text files")
+        with path.open(encoding="utf-8") as lines:  # not splitlines(): texts may hold U+2028
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                if path.suffix != ".jsonl":
+                    texts.append(line.rstrip("\n"))
+                    continue
+                try:
+                    texts.extend(_strings(json.loads(line)))
+                except json.JSONDecodeError:
+                    raise SpecbenchError(
+                        f"{path}:{number}", "not a JSON object", "one JSON object a line"
+                    ) from None
+    return texts
+
+
+def _strings(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
 class BigramDrafter:
     """Greedy bigram chain from the last token of prompt + generation; q is one-hot, cost 0.
 

