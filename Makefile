@@ -16,7 +16,7 @@ DEMO_OUT    ?= results/quickstart
 DATA_DIR    ?= $(or $(SPECBENCH_DATA_DIR),../shared/data)
 CACHE       ?= $(or $(SPECBENCH_CACHE),$(HOME)/.cache/specbench)
 
-.PHONY: install demo test test-slow lint bench drafts clean-venv
+.PHONY: install demo test test-slow lint bench drafts reproduce-table2 reproduce-table2-tiny clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -52,6 +52,18 @@ drafts: install
 		--data-dir $(DATA_DIR)
 	$(BIN)/specbench bigram build --tokenizer smollm2-135m-instruct --out $(CACHE)/drafters/smollm2-135m-instruct/bigram.json \
 		--corpus $(DATA_DIR)/gsm8k/train.jsonl --corpus $(DATA_DIR)/mmlu/dev.jsonl --corpus $(DATA_DIR)/alpaca_seed/train.jsonl
+
+## reproduce-table2: CS Drafting Table 2 (and Table 5's settings) on FLAN-T5-XXL, ours beside the paper.
+## Needs a GPU box with Hugging Face Hub access (FLAN-T5-XXL, ~45 GB in float32) and ../shared for the
+## T5 bigram table; run from the repository root. Resumes, so an interrupted run continues.
+reproduce-table2: install
+	$(BIN)/specbench run recipes/cs_drafting/table2_flan_t5.yaml --output-dir results/cs_drafting/table2_flan_t5 --resume
+	$(BIN)/specbench report results/cs_drafting/table2_flan_t5 --paper cs-drafting-table2
+
+## reproduce-table2-tiny: the same pipeline on tiny random T5 models (CPU, about a minute): plumbing only.
+reproduce-table2-tiny: install
+	$(BIN)/specbench run recipes/cs_drafting/table2_flan_t5-tiny.yaml --output-dir results/cs_drafting/table2_flan_t5-tiny --resume
+	$(BIN)/specbench report results/cs_drafting/table2_flan_t5-tiny --paper cs-drafting-table2
 
 ## bench: our speculative decoding vs HF assisted generation, same model, prompts and k.
 bench: install

@@ -72,11 +72,26 @@ def run(
 def report(
     results: Path = typer.Argument(Path("results"), help="A run directory, or a folder of run directories."),
     format: str = typer.Option("table", "--format", "-f", help="table (Rich), csv, markdown or latex."),
+    paper: str = typer.Option(
+        None,
+        "--paper",
+        help="Print a paper's table with our best cells beside it: cs-drafting-table2 (SWI, FLAN-T5) "
+        "or cs-drafting-table3 (walltime, Vicuna-7B, with Table 4). Formats: table, markdown, csv.",
+    ),
 ):
-    """One table per dataset: method, drafters, k, SWI (MS, PW), tokens/s, speedup, acceptance, quality."""
-    from specbench.report import render
+    """One table per dataset: method, drafters, k, SWI (MS, PW), tokens/s, speedup, acceptance, quality.
 
-    text = render(results, format)
+    With --paper, the paper's table instead: each paper row beside the best of our matching cells.
+    """
+    if paper is not None:
+        from specbench.paper_tables import check_paper, render_paper
+
+        check_paper(paper)  # a misspelt name is reported before the results are read
+        text = render_paper(results, paper, format)
+    else:
+        from specbench.report import render
+
+        text = render(results, format)
     if text is not None:
         sys.stdout.write(text + ("" if text.endswith("\n") else "\n"))
 

@@ -50,7 +50,7 @@ STATISTICAL_SOURCES = ("prompt-lookup", "maxgram")
 
 @dataclass(frozen=True)
 class ParamSpec:
-    type: type  # int, float, str or bool; a bool is never accepted as a number
+    type: type  # int, float, str, bool or list; a bool is never accepted as a number
     default: Any
     help: str
     minimum: float | None = None  # inclusive
@@ -65,15 +65,19 @@ class MethodInfo:
     params: dict[str, ParamSpec]
     help: str = ""
     neural_drafter_only: bool = False  # the drafter must be a model, not a statistical drafter
-    # Rule across parameters, called with every fully resolved grid point: None, or (param, problem, fix).
-    check: Callable[[dict], tuple[str, str, str] | None] | None = None
+    drafter_list: bool = False  # takes ``drafters:`` (a cascade) instead of ``drafter:``
+    # Rule across parameters, called with every fully resolved grid point, the method's recipe entry
+    # and the generation settings: None, or (param, problem, fix).
+    check: Callable[[dict, MethodSpec, GenerationSpec], tuple[str, str, str] | None] | None = None
 
 
 def _positive(value: float) -> str | None:
     return None if value > 0 else "use a value > 0"
 
 
-def _check_lenience(params: dict) -> tuple[str, str, str] | None:
+def _check_lenience(
+    params: dict, spec: MethodSpec, generation: GenerationSpec
+) -> tuple[str, str, str] | None:
     lenience, convention = params["lenience"], params["lenience_convention"]
     if convention == "cs" and lenience < 1:
         return (
@@ -87,6 +91,49 @@ def _check_lenience(params: dict) -> tuple[str, str, str] | None:
             f"lenience {lenience} is above 1, which the leviathan convention does not allow",
             "use lenience in (0, 1], or lenience_convention: cs for lenience >= 1",
         )
+    return None
+
+
+def _check_cascade(params: dict, spec: MethodSpec, generation: GenerationSpec) -> tuple[str, str, str] | None:
+    """CS Drafting: reference_compat decodes greedily only; K is n x n for the n neural drafters,
+    upper-triangular, budgets >= 1 on the diagonal, and cumulative rows never decrease (so increments
+    past the diagonal are >= 0)."""
+    if params["reference_compat"] and generation.temperature > 0:
+        return (
+            "reference_compat",
+            "reference_compat reproduces the reference code, which decodes greedily only",
+            "set generation.temperature: 0, or reference_compat: false",
+        )
+    K, cumulative = params["K"], params["k_convention"] == "cumulative"
+    n = len(spec.drafters) - 1
+    example = [[0] * r + [2 * (c - r + 1) if cumulative else 2 for c in range(r, n)] for r in range(n)]
+    shape = f"write {n} rows of {n} integers, one row and column per neural drafter, e.g. {example}"
+    if K is None:
+        return "K", "cs_drafting needs K, the budget matrix of its cascade", shape
+    if not all(isinstance(row, list) and all(type(x) is int for x in row) for row in K):
+        return "K", f"K = {K} is not a list of rows of integers", shape
+    if len(K) != n or any(len(row) != n for row in K):
+        neural = ", ".join(spec.drafters[:-1])
+        return "K", f"K = {K} is not {n} x {n}, for {n} neural drafters ({neural})", shape
+    for r, row in enumerate(K):
+        for c, value in enumerate(row):
+            at = f"K[{r}][{c}] = {value} (k{r + 1}{c + 1})"
+            if c < r and value != 0:
+                return "K", f"{at} lies below the diagonal of K = {K}", "K is upper-triangular: write 0 there"
+            least = 1 if cumulative or c == r else 0
+            if c >= r and value < least:
+                fix = (
+                    "use budgets >= 1"
+                    if cumulative
+                    else "use >= 1 on the diagonal and increments >= 0 after it"
+                )
+                return "K", f"{at} is below {least} in K = {K}", fix
+            if cumulative and c > r and value < row[c - 1]:
+                return (
+                    "K",
+                    f"{at} < K[{r}][{c - 1}] = {row[c - 1]}: row {r} of the cumulative K = {K} decreases",
+                    "make each row non-decreasing, or set k_convention: increment if the rows are increments",
+                )
     return None
 
 
@@ -117,6 +164,44 @@ METHODS: dict[str, MethodInfo] = {
         False,
         {"k": DRAFT_LENGTH, "max_ngram": ParamSpec(int, 2, "longest n-gram prompt lookup matches", 1)},
         "transformers generate(prompt_lookup_num_tokens=k)",
+    ),
+    "cs_drafting": MethodInfo(
+        False,
+        {
+            "K": ParamSpec(
+                list,
+                None,
+                "budget matrix, one row and column per neural drafter, e.g. [[2, 4], [0, 3]]",
+            ),
+            "k_convention": ParamSpec(
+                str,
+                "cumulative",
+                "cumulative: the paper's K; increment: the reference code's (k12 = K[0][0] + K[0][1])",
+                choices=("cumulative", "increment"),
+            ),
+            "lenience": ParamSpec(
+                float, 1.0, "lenience l of the drafters' reviews (the target's is strict)", 1
+            ),
+            "mag_tokens": ParamSpec(int, 10, "tokens the statistical drafter proposes per call", 1, 64),
+            "mag_tail": ParamSpec(
+                int,
+                10,
+                "Max-Gram tokens ending every level's draft (the reference's Max-Gram K column); 0: off",
+                0,
+                64,
+            ),
+            "mag_lenience": ParamSpec(
+                bool, True, "false: the smallest drafter reviews Max-Gram strictly (paper, Appendix B)"
+            ),
+            "reference_compat": ParamSpec(
+                bool,
+                False,
+                "test lenient reviews against the rows the reference code passes (for comparison)",
+            ),
+        },
+        "CS Drafting (Chen et al. 2024): vertical and horizontal cascades over drafters, greedy or sampled",
+        drafter_list=True,
+        check=_check_cascade,
     ),
 }
 
@@ -204,6 +289,7 @@ class DatasetSpec(_Strict):
     task: str
     split: str | None = None
     limit: int | None = Field(default=None, ge=1)
+    every: int = Field(default=1, ge=1)  # every N-th example (a sample across a sorted set), then limit
     data_files: Path | None = Field(default=None, strict=False)
     chat_template: bool = True
 
@@ -235,6 +321,7 @@ class MethodSpec(_Strict):
     method: str
     target: str
     drafter: str | None = None
+    drafters: list[str] | None = None  # a cascade: neural drafters largest first, a statistical one last
     params: dict[str, Any] = Field(default_factory=dict)
     grid: dict[str, list[Any]] = Field(default_factory=dict)
 
@@ -272,7 +359,17 @@ class Recipe(_Strict):
             keys = tuple(sorted(spec.grid))
             for values in itertools.product(*(spec.grid[key] for key in keys)):
                 point = _normalized(info, dict(zip(keys, values, strict=True)))
-                cells.append(Cell(spec.name, spec.method, spec.target, spec.drafter, fixed | point, keys))
+                cells.append(
+                    Cell(
+                        spec.name,
+                        spec.method,
+                        spec.target,
+                        spec.drafter,
+                        fixed | point,
+                        keys,
+                        tuple(spec.drafters or ()),
+                    )
+                )
         return cells
 
     def resolved(self) -> dict:
@@ -306,13 +403,16 @@ class Cell:
     drafter: str | None
     params: dict = field(hash=False)  # defaults + params + this grid point
     grid_keys: tuple[str, ...] = ()
+    drafters: tuple[str, ...] = ()  # a cascade's drafters, largest first (cs_drafting)
 
     @property
     def id(self) -> str:
-        """``sd-lookup[k=4]``: the label plus this cell's grid values; just the label without a grid."""
+        """``sd-lookup[k=4]``, ``cs[K=[[2,4],[0,3]]]``: the label plus this cell's grid values; just the
+        label without a grid."""
         if not self.grid_keys:
             return self.method_name
-        return f"{self.method_name}[{','.join(f'{key}={self.params[key]}' for key in self.grid_keys)}]"
+        values = (f"{key}={_compact(self.params[key])}" for key in self.grid_keys)
+        return f"{self.method_name}[{','.join(values)}]"
 
     def fingerprint(self, recipe: Recipe) -> str:
         """Hash of everything that determines this cell's outputs, and of nothing else in the recipe."""
@@ -324,8 +424,15 @@ class Cell:
             "generation": recipe.generation.model_dump(mode="json"),
             "seed": recipe.seed,
         }
+        if self.drafters:  # only cascades carry the key, so other cells keep their fingerprints
+            payload["drafters"] = [recipe.models[name].model_dump(mode="json") for name in self.drafters]
         canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _compact(value: Any) -> Any:
+    """Grid values in cell ids: lists as compact JSON ([[2,4],[0,3]]), the rest as Python prints them."""
+    return json.dumps(value, separators=(",", ":")) if isinstance(value, list) else value
 
 
 # -- loading -----------------------------------------------------------------------------------
@@ -413,8 +520,9 @@ def _check_method(recipe: Recipe, index: int, spec: MethodSpec, where: str) -> N
         raise SpecbenchError(
             f"{where}.name", f"duplicate method name {spec.name!r} (also methods[{earlier}])", "rename one"
         )
-    for role in ("target", "drafter"):
-        name = getattr(spec, role)
+    roles = [("target", spec.target), ("drafter", spec.drafter)]
+    roles += [(f"drafters[{i}]", name) for i, name in enumerate(spec.drafters or ())]
+    for role, name in roles:
         if name is not None and name not in recipe.models:
             raise SpecbenchError(
                 f"{where}.{role}",
@@ -423,7 +531,7 @@ def _check_method(recipe: Recipe, index: int, spec: MethodSpec, where: str) -> N
             )
     info = METHODS[spec.method]
     _check_roles(recipe, spec, info, where)
-    _check_params(spec, info, where, recipe.generation.max_new_tokens)
+    _check_params(spec, info, where, recipe.generation)
 
 
 def _check_roles(recipe: Recipe, spec: MethodSpec, info: MethodInfo, where: str) -> None:
@@ -433,6 +541,15 @@ def _check_roles(recipe: Recipe, spec: MethodSpec, info: MethodInfo, where: str)
             f"{where}.target",
             f"model {spec.target!r} ({target_source}) is a statistical drafter and cannot be a target",
             "use a neural model as the target; a statistical drafter can only be a drafter",
+        )
+    if info.drafter_list:
+        _check_cascade_roles(recipe, spec, where)
+        return
+    if spec.drafters is not None:
+        raise SpecbenchError(
+            f"{where}.drafters",
+            f"method {spec.method!r} takes no drafters list",
+            "use drafter: NAME (drafters: is for cascades such as cs_drafting)",
         )
     if info.needs_drafter and spec.drafter is None:
         raise SpecbenchError(
@@ -452,7 +569,44 @@ def _check_roles(recipe: Recipe, spec: MethodSpec, info: MethodInfo, where: str)
         )
 
 
-def _check_params(spec: MethodSpec, info: MethodInfo, where: str, max_new_tokens: int) -> None:
+def _check_cascade_roles(recipe: Recipe, spec: MethodSpec, where: str) -> None:
+    """drafters: neural models largest first, then exactly one statistical drafter (the bottom)."""
+    shape = "list neural drafters largest first and one statistical drafter (maxgram) last"
+    if spec.drafter is not None:
+        raise SpecbenchError(
+            f"{where}.drafter", f"method {spec.method!r} takes drafters: (a list), not drafter:", shape
+        )
+    if not spec.drafters:
+        raise SpecbenchError(f"{where}.drafters", f"method {spec.method!r} needs drafters", shape)
+    statistical = [recipe.models[name].source in STATISTICAL_SOURCES for name in spec.drafters]
+    for i, name in enumerate(spec.drafters):
+        at = f"{where}.drafters[{i}]"
+        if name == spec.target:
+            raise SpecbenchError(at, f"{name!r} is the target", "drafters are models other than the target")
+        if name in spec.drafters[:i]:
+            j = spec.drafters.index(name)
+            raise SpecbenchError(at, f"{name!r} appears twice (also drafters[{j}])", "list each drafter once")
+        if statistical[i] and i < len(spec.drafters) - 1:
+            raise SpecbenchError(
+                at,
+                f"{name!r} is a statistical drafter but not the last one",
+                "put the statistical drafter last (it is the bottom of the cascade) and use only one",
+            )
+    if not statistical[-1]:
+        raise SpecbenchError(
+            f"{where}.drafters",
+            f"the last drafter {spec.drafters[-1]!r} is neural: the cascade has no statistical bottom",
+            "append a statistical drafter (source: maxgram or prompt-lookup)",
+        )
+    if len(spec.drafters) == 1:
+        raise SpecbenchError(
+            f"{where}.drafters",
+            f"{spec.drafters[0]!r} alone: the cascade needs at least one neural drafter",
+            f"add neural drafters before it, or use method speculative with drafter: {spec.drafters[0]}",
+        )
+
+
+def _check_params(spec: MethodSpec, info: MethodInfo, where: str, generation: GenerationSpec) -> None:
     for section in ("params", "grid"):
         for name in getattr(spec, section):
             if name not in info.params:
@@ -465,14 +619,16 @@ def _check_params(spec: MethodSpec, info: MethodInfo, where: str, max_new_tokens
             f"{where}.grid.{name}", f"{name} is set in both params and grid", "keep it in only one of them"
         )
     for name, value in spec.params.items():
-        _check_value(info.params[name], name, value, f"{where}.params.{name}", max_new_tokens)
+        _check_value(info.params[name], name, value, f"{where}.params.{name}", generation.max_new_tokens)
     for name, values in spec.grid.items():
         if not values:
             raise SpecbenchError(
                 f"{where}.grid.{name}", "the grid list is empty", "give at least one value, or remove the key"
             )
         for position, value in enumerate(values):
-            _check_value(info.params[name], name, value, f"{where}.grid.{name}[{position}]", max_new_tokens)
+            _check_value(
+                info.params[name], name, value, f"{where}.grid.{name}[{position}]", generation.max_new_tokens
+            )
         normalized = [_as_declared(info.params[name], value) for value in values]
         repeated = next((v for i, v in enumerate(normalized) if v in normalized[:i]), None)
         if repeated is not None:
@@ -484,13 +640,13 @@ def _check_params(spec: MethodSpec, info: MethodInfo, where: str, max_new_tokens
     fixed = _defaults(info) | spec.params
     keys = sorted(spec.grid)
     for values in itertools.product(*(spec.grid[key] for key in keys)):
-        problem = info.check(fixed | dict(zip(keys, values, strict=True)))
+        problem = info.check(fixed | dict(zip(keys, values, strict=True)), spec, generation)
         if problem:
             name, text, fix = problem
             raise SpecbenchError(f"{where}.{'grid' if name in spec.grid else 'params'}.{name}", text, fix)
 
 
-_TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+_TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list"}
 
 
 def _check_value(spec: ParamSpec, name: str, value: Any, where: str, max_new_tokens: int) -> None:
@@ -501,12 +657,14 @@ def _check_value(spec: ParamSpec, name: str, value: Any, where: str, max_new_tok
         float: is_number,
         bool: isinstance(value, bool),
         str: isinstance(value, str),
+        list: isinstance(value, list),
     }[spec.type]
     if not fits:
+        example = f", e.g. {json.dumps(spec.default)}" if spec.default is not None else ""
         raise SpecbenchError(
             where,
             f"{_show(value)} is not {_TYPE_WORDS[spec.type]} {about}",
-            f"write {_TYPE_WORDS[spec.type]}, e.g. {json.dumps(spec.default)}",
+            f"write {_TYPE_WORDS[spec.type]}{example}",
         )
     if spec.choices is not None and value not in spec.choices:
         raise SpecbenchError(where, f"{_show(value)} is not allowed {about}", _one_of(value, spec.choices))

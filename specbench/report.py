@@ -43,7 +43,8 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
             "dataset": r["dataset"],
             "method": r["method_name"],
             "drafters": r.get("drafter") if isinstance(r.get("drafter"), str) else "",
-            "k": _int(r.get("k")),
+            # CS Drafting's budget matrix K stands in the k column, compact: [[2,4],[0,3]]
+            "k": _int(r.get("k")) or (r["K"].replace(" ", "") if isinstance(r.get("K"), str) else ""),
             "SWI MS": _num(r["swi_ms"]),
             "SWI PW": _num(r["swi_pw"]),
             "tok/s": _num(r["tokens_per_s"], 1),

@@ -53,6 +53,11 @@ def _model_request(recipe: Recipe, name: str) -> registry.ModelRequest:
     return registry.ModelRequest(name, spec.source, spec.dtype, spec.device, spec.revision, options)
 
 
+def _drafter_names(cell: Cell) -> tuple[str, ...]:
+    """Every drafter of a cell: a cascade's list, the one drafter, or none."""
+    return cell.drafters or ((cell.drafter,) if cell.drafter else ())
+
+
 def _pw_of(recipe: Recipe, name: str, role_target: bool) -> float | None:
     cost = recipe.models[name].cost
     value = getattr(cost, "pw", None) if cost is not None else None
@@ -93,7 +98,7 @@ class Runner:
         if name not in self.models:
             with self.console.status(f"loading model {name} ({self.recipe.models[name].source})"):
                 with self._blame(f"models.{name}"):
-                    self.models[name] = registry.load(_model_request(self.recipe, name))
+                    self.models[name] = registry.load(_model_request(self.recipe, name), self.model)
         return self.models[name]
 
     @contextlib.contextmanager
@@ -117,7 +122,10 @@ class Runner:
             )
             data_files = str(spec.data_files) if spec.data_files else None
             with self._blame(f"datasets[{i}]"):
-                examples = task.load(split=split, data_files=data_files, limit=limit)
+                if spec.every == 1:
+                    examples = task.load(split=split, data_files=data_files, limit=limit)
+                else:
+                    examples = task.load(split=split, data_files=data_files)[:: spec.every][:limit]
             runs.append(DatasetRun(f"{spec.task}/{split}", task, examples, spec.chat_template))
         return runs
 
@@ -160,8 +168,12 @@ class Runner:
         if not todo:
             return
         target = self.model(cell.target)
-        drafter = self.model(cell.drafter) if cell.drafter else None
-        self._check_vocab(cell, target, drafter)
+        for name in _drafter_names(cell):
+            self._check_vocab(cell, name, target, self.model(name))
+        if cell.drafters:  # a cascade gets every drafter, largest first, the statistical one last
+            drafter = [self.model(name) for name in cell.drafters]
+        else:
+            drafter = self.model(cell.drafter) if cell.drafter else None
         method = METHOD_FUNCTIONS[cell.method]
         bar = progress.add_task(f"{dataset.label} {cell.id}", total=len(todo), stats="")
         for example in dataset.examples[: self.recipe.warmup]:
@@ -170,7 +182,7 @@ class Runner:
         for example in todo:
             request = self._request(target, dataset, example)
             generation = method(cell.params, target, drafter, request)
-            self.log.append(self._row(dataset, cell, example, target, drafter, request, generation))
+            self.log.append(self._row(dataset, cell, example, target, request, generation))
             tokens += len(generation.tokens)
             seconds += generation.walltime
             steps += len(generation.steps)
@@ -188,16 +200,17 @@ class Runner:
         generator.manual_seed(int(_hash(str(self.recipe.seed), dataset.label, example.id), 16) % (2**63))
         return Request(ids.to(target.device), gen.max_new_tokens, sampling, target.eos_token_ids(), generator)
 
-    def _check_vocab(self, cell: Cell, target, drafter) -> None:
+    def _check_vocab(self, cell: Cell, name: str, target, drafter) -> None:
         if isinstance(drafter, HFModel) and drafter.tokenizer is not None and target.tokenizer is not None:
             if drafter.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+                role = "drafters" if cell.drafters else "drafter"
                 raise SpecbenchError(
-                    f"{self.recipe.path}: methods.{cell.method_name}.drafter",
-                    f"drafter {cell.drafter!r} does not share the target's tokenizer",
+                    f"{self.recipe.path}: methods.{cell.method_name}.{role}",
+                    f"drafter {name!r} does not share the target's tokenizer",
                     "use a drafter trained with the target's vocabulary",
                 )
 
-    def _row(self, dataset, cell, example, target, drafter, request: Request, generation) -> dict:
+    def _row(self, dataset, cell, example, target, request: Request, generation) -> dict:
         text = target.tokenizer.decode(generation.tokens, skip_special_tokens=True)
         quality = dataset.task.score(example, text)
         lossless = None
@@ -207,7 +220,7 @@ class Runner:
             and is_lossless(cell.method, cell.params)
         ):
             lossless = self._divergence(dataset, cell, example, generation.tokens)
-        return {
+        row = {
             "key": self._key(cell, dataset, example),
             "dataset": dataset.label,
             "cell": cell.id,
@@ -229,18 +242,23 @@ class Runner:
             "accepted_by_position": [list(x) for x in generation.accepted_by_position()],
             "quality": quality,
             "first_divergence": lossless,
-            "costs": self._costs(cell, target, drafter),
+            "costs": self._costs(cell, target),
         }
+        if cell.drafters:  # cascades only, so the rows of other methods keep their shape
+            row["drafters"] = list(cell.drafters)
+            row["inner_steps"] = {
+                name: [list(s) for s in steps] for name, steps in generation.inner_steps.items()
+            }
+        return row
 
-    def _costs(self, cell: Cell, target, drafter) -> dict:
+    def _costs(self, cell: Cell, target) -> dict:
         """Per-model cost coefficients under MS and PW for this cell (relative to its target)."""
         ms = {cell.target: 1.0}
         pw = {cell.target: _pw_of(self.recipe, cell.target, True)}
-        if cell.drafter:
-            ms[cell.drafter] = drafter.num_parameters / target.num_parameters
-            pw[cell.drafter] = (
-                0.0 if drafter.num_parameters == 0 else _pw_of(self.recipe, cell.drafter, False)
-            )
+        for name in _drafter_names(cell):
+            drafter = self.model(name)
+            ms[name] = drafter.num_parameters / target.num_parameters
+            pw[name] = 0.0 if drafter.num_parameters == 0 else _pw_of(self.recipe, name, False)
         return {"ms": ms, "pw": pw}
 
     def _divergence(self, dataset, cell, example, tokens: list[int]) -> int | None:

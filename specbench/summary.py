@@ -16,6 +16,7 @@ from specbench.results import CELLS, write_atomic
 def summarise_cell(rows: list[dict]) -> dict:
     first = rows[0]
     target, drafter = first["target"], first["drafter"]
+    drafters = first.get("drafters") or ([drafter] if drafter else [])  # a cascade lists several
     tokens = sum(r["n_tokens"] for r in rows)
     walltime = sum(r["walltime"] for r in rows)
     forwards: dict[str, int] = defaultdict(int)
@@ -33,13 +34,13 @@ def summarise_cell(rows: list[dict]) -> dict:
         "method_name": first["method_name"],
         "method": first["method"],
         "target": target,
-        "drafter": drafter or "",
+        "drafter": "+".join(drafters),  # a cascade reads "d1+d2+mag"
         **{k: v for k, v in first["params"].items()},
         "params": json.dumps(first["params"], sort_keys=True),
         "n": len(rows),
         "generated_tokens": tokens,
         "target_forwards": forwards.get(target, 0),
-        "drafter_forwards": forwards.get(drafter, 0) if drafter else 0,
+        "drafter_forwards": sum(forwards.get(name, 0) for name in drafters),
         "forwards": json.dumps(dict(forwards), sort_keys=True),
     }
     for table in ("ms", "pw"):

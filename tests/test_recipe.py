@@ -384,3 +384,16 @@ def test_shipped_recipes_are_valid(path):
     from specbench.tasks import TASKS as KNOWN
 
     assert load_recipe(path, known_tasks=set(KNOWN)).cells()
+
+
+def test_every_samples_across_a_sorted_set_before_the_limit(tmp_path):
+    from specbench.runner import Runner
+
+    data = copy.deepcopy(BASE)
+    data["datasets"] = [{"task": "arithmetic", "every": 5, "limit": 3}, {"task": "arithmetic"}]
+    recipe = parse_recipe(data, tmp_path / "r.yaml")
+    strided, everything = Runner(recipe, tmp_path / "out").datasets()
+    assert [e.id for e in strided.examples] == [everything.examples[i].id for i in (0, 5, 10)]
+    data["datasets"] = [{"task": "arithmetic", "every": 0}]
+    with pytest.raises(SpecbenchError, match="every"):
+        parse_recipe(data, tmp_path / "r.yaml")

@@ -15,6 +15,7 @@ class Generation:
     ``steps`` holds one (drafted, accepted) pair per verification step; acceptance by draft
     position and the mean accepted length are derived from it. ``forwards`` maps each model's
     name to its counter snapshot (forward passes, tokens scored, encoder passes, seconds).
+    ``inner_steps`` holds the (drafted, accepted) pairs of reviews by drafters (cascades), by reviewer.
     """
 
     tokens: list[int]
@@ -23,6 +24,7 @@ class Generation:
     steps: list[tuple[int, int]] = field(default_factory=list)
     forwards: dict[str, dict[str, float]] = field(default_factory=dict)
     stopped_by_eos: bool = False
+    inner_steps: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
     @property
     def accepted_per_step(self) -> float:

@@ -1,0 +1,244 @@
+"""Cascade Speculative Drafting (Chen et al., NeurIPS 2024, Algorithm 1), greedy and sampled.
+
+Models: the target M_t, neural drafters M_d1 (largest) ... M_dn (smallest), and a statistical
+drafter MaG at the bottom (Max-Gram, Sec. 3.3: q is one-hot, cost 0). Level r is the draft that
+``models[r]`` reviews (r = 0: M_t, r >= 1: M_dr); M_d(r+1) ... M_dn draft it, and MaG alone drafts
+level n, the one M_dn reviews.
+
+K is n x n and upper-triangular, in the paper's cumulative convention: row r belongs to the level
+of reviewer r, and K[r][c] (c >= r) is the draft length up to which M_d(c+1) drafts there (the paper's
+k_(r+1)(c+1)). The reference code stores increments instead (its K[0][1] is k12 - k11); see
+``cumulative_from_increments``. Stopping rule of a level with reviewer r whose draft may hold at most
+``room`` tokens:
+
+    x = []
+    for c = r .. n-1:                            # horizontal cascade (Sec. 3.2)
+        while len(x) < min(K[r][c], room):
+            x += block of M_d(c+1)               # vertical cascade (Sec. 3.1)
+    x += min(mag_tail, room - len(x)) MaG tokens  # "stops after the statistical model finishes"
+    reviewer r scores x in ONE forward pass, keeps an accepted prefix and adds one token
+
+A block of M_d(c+1) is M_d(c+1) reviewing the draft of its own level (room: room - len(x) - 1), so
+it adds accepted + 1 tokens; the level of M_dn drafts min(mag_tokens, room) MaG tokens (the reference
+always takes 10). ``mag_tail`` is the reference code's Max-Gram column of K (10 there): Algorithm
+1's horizontal loop runs over every drafter, MaG last, so every level's draft ends with MaG tokens
+that no neural drafter reviewed (0 switches the tail off). Budgets K may therefore be overshot, as
+in the reference code; ``room`` never is: the target's draft holds at most
+max_new_tokens - generated - 1 tokens (its own +1 must fit), so the output never exceeds
+max_new_tokens and no model scores a position past it.
+
+Lenience l >= 1 (Sec. 3.1, CS convention of ``acceptance``) loosens every review but the target's,
+which is strict (``mag_lenience=False`` also keeps M_dn's review of MaG's drafts strict, as the
+paper's experiments do, Appendix B; MaG tail tokens of upper levels share their level's lenience);
+greedy output is therefore the target's greedy output token for token. Each review
+returns, with its tokens, the exact distribution each token was drawn from, which the level above
+tests as its q (MaG's is one-hot): the reviewer's p at l = 1, and at l > 1 the lenient rule's output
+
+    L = min(q, l p) + (1 - sum min(q, l p)) * norm(max(0, p - q / l))       (``review_law``)
+
+at a drafted position, p at the bonus position. So the target's strict review reproduces its own
+distribution exactly whatever the inner lenience. Greedy decoding passes the reviewer's softmax
+instead (as ``ModelDrafter`` does); only lenient greedy tests read it.
+
+``reference_compat=True`` (greedy only, for comparison) reproduces what the reference code
+(lfsszd/CS-Drafting, csd.py and model.py) hands the lenient test. ``_csd_iteration`` passes its
+reviewer ``new_probs``, the rows returned by the LAST block only, and ``review`` returns the rows it
+was given up to the block's first token followed by its own rows one position late
+(``probs[:, :review_index]`` + ``target_probs[:, :i + 1]``). Every token of a level is thus tested
+as if one-hot (q(x) = 1: kept iff it is the argmax or l p(x) >= 1), except token j >= 1 of the last
+block, tested against that block's reviewer's distribution at position j - 1. The reference decodes
+greedily only; sampled, these rows depend on the drafted tokens themselves (and on the blocks after
+them), so no exact law could be passed up, and ``generate`` refuses the combination.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from specbench.decoding.acceptance import greedy_accept, speculative_accept
+from specbench.decoding.generation import Generation, Stopwatch, eos_set, truncate_at_eos
+from specbench.decoding.sampling import SamplingParams
+from specbench.models.base import Drafter, LanguageModel
+
+
+def cumulative_from_increments(K: Sequence[Sequence[int]]) -> list[list[int]]:
+    """The reference code's K (row r: increments from the diagonal on) in the paper's cumulative form."""
+    return [[sum(row[r : c + 1]) if c >= r else 0 for c in range(len(row))] for r, row in enumerate(K)]
+
+
+def increments_from_cumulative(K: Sequence[Sequence[int]]) -> list[list[int]]:
+    """The paper's cumulative K in the reference code's increment form (inverse of the above)."""
+    return [
+        [row[c] - (row[c - 1] if c > r else 0) if c >= r else 0 for c in range(len(row))]
+        for r, row in enumerate(K)
+    ]
+
+
+def review_law(q: torch.Tensor, p: torch.Tensor, lenience: float) -> torch.Tensor:
+    """Row-wise law of the token a lenient review (``speculative_accept``) emits at a drafted position:
+
+        min(q, l p) + (1 - sum min(q, l p)) * norm(max(0, p - q / l))
+
+    The draft x ~ q is kept with probability min(1, l p(x) / q(x)), which gives the first term; a
+    rejection, of probability 1 - sum min(q, l p), draws from the residual (p where it is empty, as
+    ``speculative_accept`` does). At l = 1 it is p: sum max(0, p - q) = 1 - sum min(q, p).
+    """
+    q = q.to(p.dtype)
+    kept = torch.minimum(q, lenience * p)
+    residual = (p - q / lenience).clamp(min=0.0)
+    total = residual.sum(-1, keepdim=True)
+    residual = torch.where(total > 0, residual / total.clamp(min=torch.finfo(p.dtype).tiny), p)
+    return kept + (1.0 - kept.sum(-1, keepdim=True)) * residual
+
+
+def generate(
+    target: LanguageModel,
+    drafters: Sequence[LanguageModel],
+    mag: Drafter,
+    prompt_ids: torch.Tensor,
+    *,
+    K: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    sampling: SamplingParams = SamplingParams(),
+    eos_token_id=None,
+    generator: torch.Generator | None = None,
+    lenience: float = 1.0,
+    mag_tokens: int = 10,
+    mag_tail: int = 10,
+    mag_lenience: bool = True,
+    reference_compat: bool = False,
+) -> Generation:
+    """CS Drafting with neural ``drafters`` (largest first), the statistical ``mag`` at the bottom and
+    the cumulative budget matrix ``K``; ``lenience`` (l >= 1) applies to the drafters' reviews only.
+
+    ``Generation.steps`` holds the target's reviews; ``inner_steps`` every drafter's, by name.
+    """
+    n = len(drafters)
+    _check(K, n, lenience, mag_tokens, reference_compat, sampling, mag_tail)
+    models = [target, *drafters]  # models[r] reviews level r
+    everyone = (*models, mag)
+    eos = eos_set(eos_token_id)
+    for model in everyone:
+        model.counter.reset()
+    watch = Stopwatch(target.device)
+    for model in everyone:
+        model.start(prompt_ids)
+
+    out = torch.empty(max_new_tokens, dtype=torch.long, device=target.device)
+    inner_steps: dict[str, list[tuple[int, int]]] = {model.name: [] for model in drafters}
+
+    def rollback(length: int) -> None:
+        # a review keeps out[:length]; lower levels may have cached the rejected tokens after it
+        for model in everyone:
+            model.rollback(length)
+
+    def draft(r: int, g: int, room: int):
+        """Level r's draft written to out[g : g + d], d <= room: (d, q rows or None for one-hot, last
+        block as (offset, its reviewer's rows at its accepted tokens) for ``reference_compat``)."""
+        if r == n:  # the statistical drafter alone
+            if room == 0:
+                return 0, None, None
+            x = mag.propose(out[:g], min(mag_tokens, room), sampling, generator)
+            out[g : g + len(x)] = x.tokens
+            return len(x), None, None
+        d, qs, last = 0, [], None
+        for c in range(r, n):
+            while d < min(K[r][c], room):
+                m, rows, p_accepted = review(c + 1, g + d, room - d)
+                qs.append(rows)
+                last = (d, p_accepted)
+                d += m
+        if mag_tail and d < room:  # the horizontal cascade ends with the statistical drafter
+            x = mag.propose(out[: g + d], min(mag_tail, room - d), sampling, generator)
+            out[g + d : g + d + len(x)] = x.tokens
+            qs.append(_one_hot(x.tokens, qs[-1]))
+            d, last = d + len(x), (None if len(x) else last)
+        return d, (torch.cat(qs) if qs else None), last
+
+    def review(r: int, g: int, room: int):
+        """Drafter models[r] reviews its level's draft after out[:g] and writes accepted + 1 <= room
+        tokens: (accepted + 1, their q rows, its rows at the accepted tokens)."""
+        d, q, last = draft(r, g, room - 1)
+        drafts = out[g : g + d]
+        p = sampling.probs(models[r].score(out[: g + d], d))
+        rows = p  # the law of each emitted token (module docstring)
+        l_r = lenience if (mag_lenience or r < n) else 1.0
+        if sampling.greedy:
+            tested = _reference_rows(drafts, p, last) if reference_compat else q
+            verdict = greedy_accept(drafts, tested, p, lenience=l_r)
+        else:
+            verdict = speculative_accept(drafts, q, p, generator, lenience=l_r)
+            if l_r != 1.0:  # before out[] changes below: drafts is a view of it
+                q = _one_hot(drafts, p) if q is None else q
+                rows = torch.cat([review_law(q, p[:d], l_r), p[d:]])
+        accepted = int(verdict.n_accepted)  # the one host sync of an inner review
+        out[g + accepted] = verdict.next_token
+        rollback(g + accepted)
+        inner_steps[models[r].name].append((d, accepted))
+        return accepted + 1, rows[: accepted + 1], p[:accepted]
+
+    tokens: list[int] = []
+    steps: list[tuple[int, int]] = []
+    generated = 0
+    stopped = False
+    while generated < max_new_tokens and not stopped:
+        d, q, _ = draft(0, generated, max_new_tokens - generated - 1)
+        drafts = out[generated : generated + d]
+        logits = target.score(out[: generated + d], d)
+        if sampling.greedy:  # strict, on raw logits: its argmax is exactly autoregressive greedy's
+            verdict = greedy_accept(drafts, None, logits)
+        else:  # strict: the output follows the target's own distribution
+            verdict = speculative_accept(drafts, q, sampling.probs(logits), generator)
+
+        # the one host sync of the step: the accepted count and the tokens, in a single transfer
+        packed = torch.cat([verdict.n_accepted.view(1), drafts, verdict.next_token.view(1)]).tolist()
+        accepted = packed[0]
+        new = packed[1 : 1 + accepted] + [packed[-1]]
+        out[generated + accepted] = verdict.next_token
+        rollback(generated + accepted)
+        new, stopped = truncate_at_eos(new, eos)
+        steps.append((d, accepted))
+        tokens.extend(new)
+        generated += accepted + 1
+        watch.mark_first_token()
+    walltime, ttft = watch.stop()
+    forwards = {model.name: model.counter.snapshot() for model in everyone}
+    return Generation(tokens, walltime, ttft, steps, forwards, stopped, inner_steps)
+
+
+def _reference_rows(drafts: torch.Tensor, p: torch.Tensor, last) -> torch.Tensor:
+    """The rows the reference code's lenient test reads (module docstring): one-hot on the drafts,
+    but token j >= 1 of the last block gets that block's reviewer's row j - 1."""
+    rows = _one_hot(drafts, p)
+    if last is not None:
+        start, p_block = last
+        rows[start + 1 : start + 1 + p_block.shape[0]] = p_block
+    return rows
+
+
+def _one_hot(tokens: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """One-hot rows like p's (F.one_hot would check the ids' range: a host sync on CUDA)."""
+    return torch.zeros(tokens.shape[0], p.shape[-1], dtype=p.dtype, device=p.device).scatter_(
+        1, tokens[:, None], 1.0
+    )
+
+
+def _check(
+    K, n: int, lenience: float, mag_tokens: int, reference_compat: bool, sampling, mag_tail: int
+) -> None:
+    if n < 1:
+        raise ValueError("CS Drafting needs at least one neural drafter above the statistical one")
+    if len(K) != n or any(len(row) != n for row in K):
+        raise ValueError(f"K must be {n} x {n} (one row and column per neural drafter), got {K}")
+    for r, row in enumerate(K):
+        budgets = list(row[r:])
+        if budgets[0] < 1 or any(b < a for a, b in zip(budgets, budgets[1:], strict=False)):
+            raise ValueError(f"row {r} of the cumulative K must be >= 1 and non-decreasing, got {row}")
+    if lenience < 1.0:
+        raise ValueError(f"CS Drafting lenience must be >= 1, got {lenience}")
+    if mag_tokens < 1 or mag_tail < 0:
+        raise ValueError(f"mag_tokens must be >= 1 and mag_tail >= 0, got {mag_tokens}, {mag_tail}")
+    if reference_compat and not sampling.greedy:
+        raise ValueError("reference_compat reproduces the reference code, which decodes greedily only")

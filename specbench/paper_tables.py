@@ -1,0 +1,442 @@
+"""Paper views of a run (``specbench report --paper NAME``): our best cells beside a paper's table.
+
+The reference numbers are data (``specbench/data/papers/cs_drafting.yaml``, copied from the paper).
+For each paper row, "ours" is the best of our cells of the same dataset, algorithm and drafters:
+highest SWI for Table 2, separately under MS and under PW (the paper tuned each column on its own,
+Table 5), and highest tokens/s for Tables 3 and 4. The setting of that cell stands beside the
+paper's. A paper row with no matching cell shows "—".
+
+Rows are matched by role. A drafter's paper role comes from the model's source in the run's
+``resolved_recipe.yaml`` (else ``environment.json``): ``*/flan-t5-base`` is BASE, ``*/flan-t5-small``
+SMALL, ``maxgram`` MAG (exact names, never substrings). A source that is none of these (tiny or
+distilled stand-ins, a local copy under another name) falls back to the recipe's model name:
+``base``, ``small``, ``mag``. Table 3 has one drafter set, so there only the method matters (S
+Decoding: a neural drafter). A caption names the models the run really used, so a run
+on tiny or SmolLM2 models is never read as the paper's FLAN-T5 numbers.
+
+Like the rest of the report this reads only result files, never models or the decoding code.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import pandas as pd
+import yaml
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from specbench.errors import SpecbenchError
+from specbench.report import load_cells
+from specbench.results import CELLS
+
+FORMATS = ("table", "markdown", "csv")
+MISSING = "—"
+SOURCE_ROLES = {"flan-t5-small": "SMALL", "flan-t5-base": "BASE", "maxgram": "MAG"}
+NAME_ROLES = {"base": "BASE", "small": "SMALL", "mag": "MAG"}
+STATISTICAL_SOURCES = ("prompt-lookup", "maxgram")
+
+
+@functools.lru_cache(maxsize=1)
+def cs_drafting_reference() -> dict:
+    """The CS Drafting paper's Tables 2-5 as transcribed in specbench/data/papers/cs_drafting.yaml."""
+    text = resources.files("specbench.data").joinpath("papers").joinpath("cs_drafting.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    name: str
+    directory: Path
+    cells: pd.DataFrame
+    sources: dict[str, str] = field(default_factory=dict)  # recipe model name -> source
+    environment: dict[str, dict] = field(default_factory=dict)  # environment.json "models"
+
+    def role(self, name: str) -> str | None:
+        """The paper's name of a recipe model (module docstring), or None."""
+        source = self.sources.get(name) or self.environment.get(name, {}).get("source") or ""
+        return SOURCE_ROLES.get(source.rstrip("/").rsplit("/", 1)[-1]) or NAME_ROLES.get(name)
+
+    def statistical(self, name: str) -> bool:
+        source = self.sources.get(name) or self.environment.get(name, {}).get("source") or ""
+        return source in STATISTICAL_SOURCES
+
+    def target_source(self) -> str:
+        targets = self.cells["target"].dropna().unique() if "target" in self.cells else []
+        return ", ".join(
+            self.sources.get(t) or self.environment.get(t, {}).get("source") or t for t in targets
+        )
+
+
+def load_runs(results: Path) -> list[Run]:
+    """Every run below ``results`` (one run directory, or a folder of them) with its model sources."""
+    results = Path(results)
+    cells = load_cells(results)
+    runs = []
+    for name, frame in cells.groupby("run", sort=False):
+        directory = results if (results / CELLS).is_file() else results / str(name)
+        run = Run(str(name), directory, frame.reset_index(drop=True))
+        recipe = directory / "resolved_recipe.yaml"
+        if recipe.is_file():
+            models = (yaml.safe_load(recipe.read_text()) or {}).get("models") or {}
+            run.sources = {m: str(spec.get("source", "")) for m, spec in models.items()}
+        environment = directory / "environment.json"
+        if environment.is_file():
+            run.environment = json.loads(environment.read_text()).get("models") or {}
+        runs.append(run)
+    return runs
+
+
+def caption(run: Run, paper: Paper) -> list[str]:
+    """Which models this run used, and a warning when they are not the paper's."""
+    if run.environment:
+        models = [
+            f"{name} = {info.get('source')} ({_size(info.get('parameters'))}"
+            + "".join(f", {info[key]}" for key in ("dtype", "device") if info.get(key))
+            + ")"
+            for name, info in run.environment.items()
+        ]
+    elif run.sources:
+        models = [f"{name} = {source}" for name, source in run.sources.items()]
+    else:
+        models = [f"unknown (no environment.json or resolved_recipe.yaml in {run.directory})"]
+    lines = [f"Run {run.name} used: " + "; ".join(models) + "."]
+    target = run.target_source()
+    if not paper.is_target(target):
+        lines.append(
+            f"Not the paper's models (its target is {paper.target}, this run's {target or 'unknown'}): "
+            "compare the shape of the table, not its numbers."
+        )
+    return lines
+
+
+# -- matching and the best cell ------------------------------------------------------------------
+
+
+def cell_params(row: dict) -> dict:
+    """A cell's hyperparameters: the ``params`` JSON column, else the per-parameter columns."""
+    if isinstance(row.get("params"), str):
+        try:
+            return json.loads(row["params"])
+        except json.JSONDecodeError:
+            pass
+    params = {}
+    for key in ("k", "K", "lenience", "k_convention", "mag_tokens"):
+        value = row.get(key)
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            continue
+        params[key] = json.loads(value) if key == "K" and isinstance(value, str) else value
+    return params
+
+
+def cumulative_K(params: dict) -> list[list[int]] | None:
+    """K in the paper's cumulative convention (the reference code's increments are summed along rows)."""
+    K = params.get("K")
+    if not K:
+        return None
+    if params.get("k_convention") == "increment":
+        return [[sum(row[r : c + 1]) if c >= r else 0 for c in range(len(row))] for r, row in enumerate(K)]
+    return K
+
+
+def setting(method: str, params: dict) -> str:
+    """A cell's hyperparameters in Table 5's terms: k11, k12, k22 (cumulative) and lenience l."""
+    lenience = float(params.get("lenience", 1.0) or 1.0)
+    if method == "autoregressive":
+        return ""
+    if method == "speculative":
+        return f"k11={params.get('k')}" + (f" l={lenience:g}" if lenience != 1.0 else "")
+    if method == "cs_drafting":
+        K = cumulative_K(params)
+        if K is None:
+            return ""
+        if len(K) == 1:
+            text = f"k11={K[0][0]}"
+        elif len(K) == 2:
+            text = f"k11={K[0][0]} k12={K[0][1]} k22={K[1][1]}"
+        else:
+            text = "K=" + json.dumps(K, separators=(",", ":"))
+        return text + (f" l={lenience:g}" if len(K) >= 2 or lenience != 1.0 else "")
+    return json.dumps(params, sort_keys=True)
+
+
+def paper_setting(entry: dict) -> str:
+    parts = [f"{key}={entry[key]:g}" for key in ("k11", "k12", "k22", "l") if entry.get(key) is not None]
+    return " ".join(parts)
+
+
+def annotate(run: Run) -> pd.DataFrame:
+    """The run's cells with the columns matching needs: task, roles (tuple of paper names), params."""
+    frame = run.cells.copy()
+    frame["task"] = frame["dataset"].astype(str).str.split("/").str[0]
+    names = [
+        d.split("+") if isinstance(d, str) and d else [] for d in frame.get("drafter", [""] * len(frame))
+    ]
+    frame["roles"] = [tuple(run.role(n) for n in row) for row in names]
+    frame["neural"] = [all(not run.statistical(n) for n in row) for row in names]
+    frame["parsed"] = [cell_params(r) for r in frame.to_dict("records")]
+    return frame
+
+
+def best(frame: pd.DataFrame, metric: str) -> dict | None:
+    """The row with the highest ``metric`` (NaN ignored), or None."""
+    if frame.empty or metric not in frame:
+        return None
+    values = pd.to_numeric(frame[metric], errors="coerce")
+    if values.isna().all():
+        return None
+    return frame.loc[values.idxmax()].to_dict()
+
+
+# -- the views -----------------------------------------------------------------------------------
+
+
+@dataclass
+class View:
+    title: str
+    rows: list[dict]  # display rows: column -> text
+    notes: list[str] = field(default_factory=list)
+
+
+def table2(runs: list[Run]) -> tuple[list[View], list[dict]]:
+    """CS Drafting Table 2 (SWI, MS and PW) with Table 5's settings beside ours."""
+    ref = cs_drafting_reference()
+    cells = pd.concat([annotate(run) for run in runs], ignore_index=True)
+    settings = {(r["dataset"], r["algorithm"], tuple(r["drafters"])): r for r in ref["table5"]["rows"]}
+    wanted = [(paper["dataset"], ref["datasets"][paper["dataset"]], paper) for paper in ref["table2"]["rows"]]
+    first = ref["table2"]["rows"][0]["dataset"]
+    templates = [paper for paper in ref["table2"]["rows"] if paper["dataset"] == first]
+    for task in extra_tasks(cells, ref):  # the run's other datasets: our rows, no paper values
+        wanted += [(task, task, {**paper, "ms": None, "pw": None}) for paper in templates]
+    rows, tidy = [], []
+    for label, task, paper in wanted:
+        drafters = tuple(paper["drafters"])
+        method = ref["algorithms"][paper["algorithm"]]
+        mine = cells[
+            (cells["task"] == task)
+            & (cells["method"] == method)
+            & cells["roles"].apply(lambda roles, want=drafters: roles == want)
+        ]
+        row = {"Dataset": label, "Algorithm": paper["algorithm"], "{M_di}": ",".join(drafters) or "-"}
+        table5 = settings.get((label, paper["algorithm"], drafters), {})
+        for column, metric in (("MS", "swi_ms"), ("PW", "swi_pw")):
+            top = best(mine, metric)
+            theirs = table5.get(column.lower())
+            row |= {
+                f"{column} ours": _num(top[metric]) if top else MISSING,
+                f"{column} paper": _num(paper[column.lower()]),
+                f"{column} setting ours": setting(method, top["parsed"]) if top else MISSING,
+                f"{column} setting paper": paper_setting(theirs) if theirs else MISSING,
+            }
+            tidy.append(
+                _tidy("2", label, paper["algorithm"], row["{M_di}"], metric, top, paper[column.lower()])
+                | {
+                    "ours_setting": setting(method, top["parsed"]) if top else "",
+                    "paper_setting": paper_setting(theirs) if theirs else "",
+                }
+            )
+        rows.append(row)
+    notes = [
+        f"Paper: {ref['table2']['source']}; settings from {ref['table5']['source'].split(', ', 1)[1]}.",
+        "ours = the best of this run's cells of the same dataset, algorithm and drafters, chosen per column "
+        "(highest SWI under MS, and separately under PW), as the paper tuned each column; — = no such cell.",
+        "Settings: k11, k12 budgets at the target's review, k22 at M_d1's, l lenience (cumulative, Table 5).",
+    ]
+    return [View("CS Drafting Table 2 (FLAN-T5; SWI): ours | paper", rows, notes)], tidy
+
+
+def extra_tasks(cells: pd.DataFrame, ref: dict) -> list[str]:
+    """The run's datasets that the paper does not have (e.g. arithmetic in a tiny CI run), in order."""
+    return [task for task in dict.fromkeys(cells["task"]) if task not in ref["datasets"].values()]
+
+
+def table3(runs: list[Run]) -> tuple[list[View], list[dict]]:
+    """CS Drafting Table 3 (walltime on Vicuna-7B) and Table 4 (the K00 ablation)."""
+    ref = cs_drafting_reference()
+    cells = pd.concat([annotate(run) for run in runs], ignore_index=True)
+    ar = next(r for r in ref["table3"]["rows"] if r["algorithm"] == "Autoregressive")
+    tasks = {label: ref["datasets"][label] for label in ("GSM8K", "MMLU")}
+    tasks |= {task: task for task in extra_tasks(cells, ref)}  # the run's other datasets, no paper values
+    hyper = ref["table3"].get("hyperparameters") or {}
+    rows, tidy = [], []
+    for label, task in tasks.items():
+        for paper in ref["table3"]["rows"]:
+            method = ref["algorithms"][paper["algorithm"]]
+            mine = cells[(cells["task"] == task) & (cells["method"] == method)]
+            if method == "speculative":  # S Decoding with the neural drafter, not a statistical one
+                mine = mine[mine["neural"]]
+            top = best(mine, "tokens_per_s") if method else None
+            theirs = paper.get(label)
+            speedup = theirs / ar[label] if theirs is not None else None
+            ours_setting = setting(method, top["parsed"]) if top else ""
+            rows.append(
+                {
+                    "Dataset": label,
+                    "Algorithm": paper["algorithm"],
+                    "tok/s ours": _num(top["tokens_per_s"]) if top else MISSING,
+                    "tok/s paper": _num(theirs),
+                    "×AR ours": _num(top.get("speedup_vs_ar")) if top else MISSING,
+                    "×AR paper": _num(speedup),
+                    "setting ours": ours_setting if top else MISSING,
+                    "setting paper": _hyper(hyper, paper) if theirs is not None else MISSING,
+                }
+            )
+            for metric, value in (("tokens_per_s", theirs), ("speedup_vs_ar", speedup)):
+                tidy.append(
+                    _tidy("3", label, paper["algorithm"], "", metric, top, value)
+                    | {"ours_setting": ours_setting, "paper_setting": rows[-1]["setting paper"]}
+                )
+    notes = [
+        f"Paper: {ref['table3']['source']}.",
+        "ours = the cell with the highest tokens/s per algorithm and dataset; ×AR: tokens/s over the "
+        "autoregressive cell of the same run (the paper's: over its own AR row), which compares across GPUs.",
+        "Paper setting: Appendix B, in the reference code's increments over [vicuna-68m, Max-Gram]; "
+        "specbench's K has no Max-Gram column, so [[2,10],[0,10]] runs as K = [[2]] with 10 Max-Gram tokens.",
+    ]
+    views = [View("CS Drafting Table 3 (Vicuna-7B; walltime): ours | paper", rows, notes)]
+
+    table4 = ref["table4"]
+    gsm8k = cells[(cells["task"] == ref["datasets"][table4["dataset"]]) & (cells["method"] == "cs_drafting")]
+    k11 = pd.Series([(cumulative_K(p) or [[None]])[0][0] for p in gsm8k["parsed"]], index=gsm8k.index)
+    rows4 = []
+    for paper in table4["rows"]:
+        top = best(gsm8k[k11 == paper["K00"]], "tokens_per_s")
+        rows4.append(
+            {
+                "K00": str(paper["K00"]),
+                "tok/s ours": _num(top["tokens_per_s"]) if top else MISSING,
+                "tok/s paper": _num(paper["walltime"]),
+                "setting ours": setting("cs_drafting", top["parsed"]) if top else MISSING,
+            }
+        )
+        tidy.append(
+            _tidy("4", table4["dataset"], "CS Drafting", "", "tokens_per_s", top, paper["walltime"])
+            | {
+                "ours_setting": setting("cs_drafting", top["parsed"]) if top else "",
+                "paper_setting": f"K00={paper['K00']}",
+            }
+        )
+    without = table4["without_horizontal_cascade"]
+    notes4 = [
+        f"Paper: {table4['source']}. K00 = k11, the neural drafter's budget at the target's review.",
+        f"Without the horizontal cascade the paper reports {without['walltime']} tokens/s at K00 = "
+        f"{without['K00']}; in specbench that is a cs_drafting cell with mag_tail: 0.",
+    ]
+    views.append(View("CS Drafting Table 4 (K00): ours | paper", rows4, notes4))
+    return views, tidy
+
+
+@dataclass(frozen=True)
+class Paper:
+    build: Callable[[list[Run]], tuple[list[View], list[dict]]]
+    target: str  # the paper's target model, as captions name it
+    target_names: tuple[str, ...]  # a run's target counts as the paper's if its name starts so
+
+    def is_target(self, sources: str) -> bool:
+        """Whether every target of a run (comma-separated sources) is the paper's model."""
+        names = [s.strip().rstrip("/").rsplit("/", 1)[-1].lower() for s in sources.split(",") if s.strip()]
+        return bool(names) and all(name.startswith(self.target_names) for name in names)
+
+
+PAPERS = {
+    "cs-drafting-table2": Paper(table2, "google/flan-t5-xxl", ("flan-t5-xxl",)),
+    "cs-drafting-table3": Paper(table3, "Vicuna-7B", ("vicuna-7b",)),
+}
+
+
+def check_paper(paper: str) -> None:
+    if paper not in PAPERS:
+        raise SpecbenchError("--paper", f"unknown paper table {paper!r}", f"use one of {', '.join(PAPERS)}")
+
+
+def render_paper(results: Path, paper: str, fmt: str = "table", console: Console | None = None) -> str | None:
+    """Print (fmt ``table``) or return (``markdown``, ``csv``) a paper's table beside a run's cells."""
+    check_paper(paper)
+    if fmt not in FORMATS:
+        raise SpecbenchError(
+            "--format", f"the paper view has no format {fmt!r}", f"use one of {', '.join(FORMATS)}"
+        )
+    runs = load_runs(results)
+    views, tidy = PAPERS[paper].build(runs)
+    captions = [line for run in runs for line in caption(run, PAPERS[paper])]
+    if fmt == "csv":
+        return pd.DataFrame(tidy).to_csv(index=False)
+    if fmt == "markdown":
+        blocks = [f"### {view.title}\n\n{_markdown(view.rows)}\n\n" + "\n".join(view.notes) for view in views]
+        return "\n\n".join(blocks) + "\n\n" + "\n".join(f"**{line}**" for line in captions)
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
+            console = Console(width=220)
+    for view in views:
+        table = Table(title=view.title, title_justify="left")
+        for column in view.rows[0]:
+            text = column in ("Dataset", "Algorithm", "{M_di}", "K00") or "setting" in column
+            table.add_column(column, justify="left" if text else "right")
+        for row in view.rows:
+            table.add_row(*(Text(value) for value in row.values()))  # Text: no markup in [[2,10],...]
+        console.print(table)
+        for note in view.notes:
+            console.print(note, style="dim", markup=False, highlight=False)
+    for line in captions:
+        console.print(line, style="bold", markup=False, highlight=False)
+    return None
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def _tidy(table: str, dataset: str, algorithm: str, drafters: str, metric: str, top, paper) -> dict:
+    return {
+        "table": table,
+        "dataset": dataset,
+        "algorithm": algorithm,
+        "drafters": drafters,
+        "metric": metric,
+        "ours": float(top[metric]) if top else math.nan,
+        "paper": paper,
+        "run": top["run"] if top else "",
+        "cell": top["cell"] if top and "cell" in top else "",
+    }
+
+
+def _hyper(hyper: dict, paper: dict) -> str:
+    entry = hyper.get(paper["algorithm"])
+    if not entry:
+        return ""
+    return " ".join(f"{key}={json.dumps(value, separators=(',', ':'))}" for key, value in entry.items())
+
+
+def _markdown(rows: list[dict]) -> str:
+    columns = list(rows[0])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(str(row[c]) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _num(value, digits: int = 2) -> str:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return MISSING
+    return MISSING if math.isnan(value) else f"{value:.{digits}f}"
+
+
+def _size(parameters) -> str:
+    if not parameters:
+        return "statistical" if parameters == 0 else "? parameters"
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if parameters >= scale:
+            value = parameters / scale
+            return f"{value:.1f}{unit}" if value < 10 else f"{value:.0f}{unit}"
+    return str(parameters)

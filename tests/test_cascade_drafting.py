@@ -1,0 +1,566 @@
+"""CS Drafting: greedy output is the target's token for token, sampling keeps the target's law even
+with lenient inner reviews, every pass is a review, K conventions, recipe validation, CLI end to end.
+
+Tiny random-init float64 models, ids fed directly. Drafters: the target's own weights ("twin":
+everything accepted, so long blocks and budget overshoots), a noisy copy of the target ("noisy":
+partial acceptance), an unrelated seed ("other": mostly rejected); Max-Gram is always the bottom.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from test_acceptance import P, Q, assert_matches, exact_joint, softmax_at
+from typer.testing import CliRunner
+
+from specbench.cli import app
+from specbench.decoding import autoregressive, cascade_drafting
+from specbench.decoding.acceptance import speculative_accept
+from specbench.decoding.cascade_drafting import (
+    cumulative_from_increments,
+    increments_from_cumulative,
+    review_law,
+)
+from specbench.decoding.sampling import SamplingParams
+from specbench.errors import SpecbenchError
+from specbench.methods import METHOD_FUNCTIONS, Request
+from specbench.models.hf import HFModel
+from specbench.models.maxgram import MaxGramDrafter
+from specbench.recipe import parse_recipe
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCAB = 16
+KINDS = ("tiny-llama", "tiny-t5")
+F64 = torch.float64
+
+
+@pytest.fixture(scope="module")
+def weights(tiny_model):
+    """``weights(kind, seed, role)``: the target's weights for "twin", a noisy copy of them for
+    "noisy" (built once), an unrelated model for "other"."""
+    noisy = {}
+
+    def get(kind: str, seed: int, role: str = "target") -> torch.nn.Module:
+        if role in ("target", "twin"):
+            return tiny_model(kind, seed, vocab_size=VOCAB)
+        if role == "other":
+            return tiny_model(kind, 100 + seed, vocab_size=VOCAB)
+        if (kind, seed) not in noisy:
+            model = noisy[kind, seed] = copy.deepcopy(tiny_model(kind, seed, vocab_size=VOCAB))
+            gen = torch.Generator().manual_seed(20_000 + seed)
+            with torch.no_grad():
+                for param in model.parameters():
+                    if param.numel() > 1:
+                        param.add_(0.08 * param.std() * torch.randn(param.shape, generator=gen, dtype=F64))
+        return noisy[kind, seed]
+
+    return get
+
+
+def prompt_for(seed: int) -> torch.Tensor:
+    """A repetitive prompt of length 3..9, so that Max-Gram finds something to copy."""
+    gen = torch.Generator().manual_seed(seed)
+    pattern = torch.randint(2, VOCAB, (2 + seed % 3,), generator=gen)
+    return pattern.repeat(5)[: 3 + seed % 7]
+
+
+# (drafter roles largest first, cumulative K, lenience, reference_compat): every depth, budgets that
+# blocks overshoot (K = [[1]] under a twin), a drafter that never drafts at the top (k12 = k11).
+CASCADES = [
+    (("noisy",), [[3]], 1.0, False),
+    (("twin",), [[1]], 3.0, True),
+    (("noisy",), [[2]], 2.0, False),
+    (("twin", "noisy"), [[2, 4], [0, 3]], 2.0, False),
+    (("noisy", "other"), [[1, 1], [0, 2]], 1.0, True),
+    (("noisy", "other"), [[3, 6], [0, 1]], 3.0, True),
+    (("twin", "noisy", "other"), [[1, 3, 5], [0, 2, 4], [0, 0, 2]], 2.0, False),
+]
+
+
+def run_cascade(weights, kind, seed, roles, K, *, max_new_tokens, convention="cumulative", **options):
+    """One greedy generation through the method adapter (``specbench.methods``), as the runner calls it."""
+    target = HFModel(weights(kind, seed), "target")
+    drafters = [HFModel(weights(kind, seed, role), f"d{i + 1}") for i, role in enumerate(roles)]
+    eos = options.pop("eos", [])
+    params = {
+        "K": K if convention == "cumulative" else increments_from_cumulative(K),
+        "k_convention": convention,
+        "lenience": 1.0,
+        "mag_tokens": 10,
+        "mag_tail": 10,
+        "mag_lenience": True,
+        "reference_compat": False,
+    } | options
+    request = Request(prompt_for(seed), max_new_tokens, SamplingParams(), eos, torch.Generator())
+    return METHOD_FUNCTIONS["cs_drafting"](params, target, [*drafters, MaxGramDrafter("mag")], request)
+
+
+def check_invariants(gen, *, kind, prompt, n_drafters, max_new_tokens) -> None:
+    """One target pass per target review, one drafter pass per review by that drafter (no drafter
+    ever runs an autoregressive loop), drafts within what max_new_tokens allows."""
+    generated = 0
+    for drafted, accepted in gen.steps:
+        assert 0 <= accepted <= drafted <= max_new_tokens - generated - 1
+        generated += accepted + 1
+    assert len(gen.tokens) <= min(generated, max_new_tokens)
+    target = gen.forwards["target"]
+    assert target["forward_passes"] == len(gen.steps)
+    prefix = 1 if kind == "tiny-t5" else prompt.shape[0]  # the target never recomputes a position
+    assert target["tokens_scored"] == prefix + sum(d for d, _ in gen.steps) + len(gen.steps) - 1
+    names = [f"d{i + 1}" for i in range(n_drafters)]
+    assert set(gen.inner_steps) == set(names)
+    for name in names:
+        assert gen.forwards[name]["forward_passes"] == len(gen.inner_steps[name])
+        assert all(0 <= a <= d for d, a in gen.inner_steps[name])
+    # Max-Gram drafts for the smallest drafter's reviews and, as the horizontal tail, at most once
+    # more per review of any level (never when no draft fits)
+    reviews = len(gen.steps) + sum(len(v) for v in gen.inner_steps.values())
+    assert gen.forwards["mag"]["forward_passes"] <= len(gen.inner_steps[names[-1]]) + reviews
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_cascade_matches_target_greedy(kind, weights):
+    stats = Counter()
+    max_new = 16
+    for seed in range(6):
+        prompt = prompt_for(seed)
+        expected = autoregressive.generate(
+            HFModel(weights(kind, seed), "target"), prompt, max_new_tokens=max_new
+        )
+        for index, (roles, K, lenience, compat) in enumerate(CASCADES):
+            convention = ("cumulative", "increment")[(seed + index) % 2]
+            gen = run_cascade(
+                weights,
+                kind,
+                seed,
+                roles,
+                K,
+                max_new_tokens=max_new,
+                convention=convention,
+                lenience=lenience,
+                reference_compat=compat,
+                mag_tail=(0, 3, 10)[(seed + index) % 3],
+                mag_lenience=bool(seed % 2),
+            )
+            assert gen.tokens == expected.tokens, f"seed={seed} {roles} K={K} l={lenience} compat={compat}"
+            assert not gen.stopped_by_eos
+            assert sum(a + 1 for _, a in gen.steps) == len(gen.tokens) == max_new
+            check_invariants(gen, kind=kind, prompt=prompt, n_drafters=len(roles), max_new_tokens=max_new)
+            stats["overshoot"] += any(d > K[0][-1] for d, _ in gen.steps)
+            stats["partial"] += any(0 < a < d for d, a in gen.steps)
+            stats["rejected_first"] += any(d > 0 and a == 0 for d, a in gen.steps)
+            for reviews in gen.inner_steps.values():
+                stats["inner_partial"] += any(0 < a < d for d, a in reviews)
+                stats["inner_all"] += any(0 < a == d for d, a in reviews)
+            if lenience > 1:  # the switches change the inner reviews, never the output
+                plain = run_cascade(
+                    weights, kind, seed, roles, K, max_new_tokens=max_new, reference_compat=compat
+                )
+                stats["lenience_matters"] += plain.inner_steps != gen.inner_steps
+                if compat:
+                    own = run_cascade(
+                        weights, kind, seed, roles, K, max_new_tokens=max_new, lenience=lenience
+                    )
+                    stats["compat_matters"] += own.inner_steps != gen.inner_steps
+    keys = ("overshoot", "partial", "rejected_first", "inner_partial", "inner_all")
+    assert all(stats[key] > 0 for key in (*keys, "lenience_matters", "compat_matters")), stats
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_short_budgets(kind, weights):
+    """max_new_tokens = 1, 2, 3, 5: the target's greedy prefix, and nothing drafted past the end."""
+    for seed in (0, 5):
+        prompt = prompt_for(seed)
+        expected = autoregressive.generate(HFModel(weights(kind, seed), "target"), prompt, max_new_tokens=5)
+        for roles, K, lenience, compat in (CASCADES[1], CASCADES[3], CASCADES[6]):
+            for max_new in (1, 2, 3, 5):
+                gen = run_cascade(
+                    weights,
+                    kind,
+                    seed,
+                    roles,
+                    K,
+                    max_new_tokens=max_new,
+                    lenience=lenience,
+                    reference_compat=compat,
+                )
+                assert gen.tokens == expected.tokens[:max_new], f"seed={seed} {roles} max_new={max_new}"
+                assert sum(a + 1 for _, a in gen.steps) == max_new
+                check_invariants(gen, kind=kind, prompt=prompt, n_drafters=len(roles), max_new_tokens=max_new)
+                if max_new == 1:  # no room for a draft: one plain target pass, no drafter runs
+                    assert gen.steps == [(0, 0)]
+                    assert all(
+                        gen.forwards[name]["forward_passes"] == 0 for name in gen.forwards if name != "target"
+                    )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_eos_inside_an_accepted_block(kind, weights):
+    """An EOS the target accepts as a draft with more accepted drafts after it: the output stops right
+    after it, as autoregressive decoding does, and the step that drafted it is the last."""
+    found = 0
+    max_new = 16
+    roles, K = ("twin", "noisy"), [[2, 4], [0, 3]]
+    for seed in range(6):
+        free = run_cascade(weights, kind, seed, roles, K, max_new_tokens=max_new)
+        start = 0
+        for step, (_, accepted) in enumerate(free.steps):
+            for offset in range(accepted - 1):  # an accepted draft followed by accepted drafts
+                eos = free.tokens[start + offset]
+                if free.tokens.index(eos) != start + offset:
+                    continue
+                ar = autoregressive.generate(
+                    HFModel(weights(kind, seed), "target"),
+                    prompt_for(seed),
+                    max_new_tokens=max_new,
+                    eos_token_id=eos,
+                )
+                gen = run_cascade(weights, kind, seed, roles, K, max_new_tokens=max_new, eos=[eos, VOCAB + 3])
+                assert gen.tokens == ar.tokens == free.tokens[: start + offset + 1] and gen.stopped_by_eos
+                assert gen.steps == free.steps[: step + 1]
+                found += 1
+            start += accepted + 1
+    assert found >= 4, "too few EOS inside accepted blocks were exercised"
+
+
+def test_reference_rows_follow_the_reference_codes_bookkeeping():
+    """What reference_compat's lenient test reads: one-hot rows, except token j >= 1 of the last block
+    (here the block at offset 1 whose reviewer accepted 2 tokens), which gets that reviewer's row j - 1."""
+    drafts = torch.tensor([3, 1, 4, 1, 5])
+    p = torch.full((6, 6), 1 / 6, dtype=F64)
+    block = torch.tensor([[0.5, 0.5, 0, 0, 0, 0], [0, 0, 0.5, 0.5, 0, 0]], dtype=F64)
+    rows = cascade_drafting._reference_rows(drafts, p, (1, block))
+    one_hot = torch.nn.functional.one_hot(drafts, 6).to(F64)
+    assert torch.equal(rows[[0, 1, 4]], one_hot[[0, 1, 4]])
+    assert torch.equal(rows[2:4], block)
+    assert torch.equal(cascade_drafting._reference_rows(drafts, p, None), one_hot)
+
+
+# ---------------------------------------------------------------------------------------------
+# sampling: the lenient review's law, and the target's law through the whole cascade
+
+
+@pytest.mark.parametrize("lenience", [1.0, 2.0, 3.0])
+@pytest.mark.parametrize("draft", ["q", "one-hot"])
+def test_review_law_is_the_lenient_rules_output_distribution(draft, lenience):
+    """Monte-Carlo of speculative_accept at one drafted position against the closed form
+    min(q, l p) + (1 - sum min(q, l p)) norm(max(0, p - q / l)) (``review_law``), which is p at l = 1."""
+    p, trials = P[:2], 6000
+    q = Q[:1] if draft == "q" else torch.nn.functional.one_hot(torch.tensor([2]), 6).to(F64)
+    gen = torch.Generator().manual_seed(17)
+    counts = np.zeros(6)
+    for x in torch.multinomial(q[0], trials, replacement=True, generator=gen):
+        verdict = speculative_accept(x.view(1), None if draft == "one-hot" else q, p, gen, lenience=lenience)
+        counts[int(x) if int(verdict.n_accepted) else int(verdict.next_token)] += 1
+    law = review_law(q, p[:1], lenience)[0]
+    assert_matches(counts, law.numpy(), f"{draft} l={lenience}")
+    # the same law by enumeration: x kept with probability min(1, l p(x) / q(x)), else the residual
+    keep = torch.where(q[0] > 0, (lenience * p[0] / q[0]).clamp(max=1.0), torch.zeros(6, dtype=F64))
+    residual = torch.clamp(p[0] - q[0] / lenience, min=0.0)
+    enumerated = q[0] * keep + (q[0] * (1 - keep)).sum() * residual / residual.sum()
+    assert torch.allclose(law, enumerated, atol=1e-12)
+    if lenience == 1.0:
+        assert torch.allclose(law, p[0], atol=1e-12)  # the exact rule emits p
+    else:
+        assert not torch.allclose(law, p[0], atol=1e-3)  # lenience really changes the law
+
+
+# a 6-token vocabulary, spread-out distributions, ~1 ms per forward
+TINY_OPTIONS = dict(vocab_size=6, init_std=0.3, hidden_size=16, layers=1, heads=2)
+
+
+@pytest.mark.parametrize("lenience, trials", [(1.0, 1000), (3.0, 2000)])
+def test_sampling_reproduces_the_target_joint(lenience, trials, tiny_model):
+    """Two neural drafters and Max-Gram; the first three of four tokens follow the target's exact
+    joint law, also when the drafters' reviews are lenient (their reported q is then the lenient
+    rule's output law, which the strict target review needs)."""
+    target = HFModel(tiny_model("tiny-llama", 1, **TINY_OPTIONS), "target")
+    drafters = [HFModel(tiny_model("tiny-llama", seed, **TINY_OPTIONS), f"d{seed - 1}") for seed in (2, 3)]
+    prompt = torch.tensor([2, 4, 2, 4, 5, 2])  # Max-Gram copies "4 5 2 ..." after the final 2
+    reference = exact_joint(target.model, prompt, 3, softmax_at(1.0))
+    gen = torch.Generator().manual_seed(2024)
+    counts = np.zeros_like(reference)
+    steps, inner = Counter(), Counter()
+    for _ in range(trials):
+        out = cascade_drafting.generate(
+            target,
+            drafters,
+            MaxGramDrafter("mag"),
+            prompt,
+            K=[[2, 3], [0, 2]],
+            max_new_tokens=4,
+            sampling=SamplingParams(temperature=1.0),
+            generator=gen,
+            lenience=lenience,
+            mag_tokens=3,
+        )
+        assert len(out.tokens) == 4
+        counts[tuple(out.tokens[:3])] += 1
+        steps.update(outcome(d, a) for d, a in out.steps)
+        for name, reviews in out.inner_steps.items():
+            inner.update((name, outcome(d, a)) for d, a in reviews)
+    assert_matches(counts, reference, f"l={lenience}")
+    # every review outcome occurs (d2 reviews at most 1 Max-Gram token here, so never partially)
+    assert all(steps[kind] for kind in ("rejected", "partial", "all")), steps
+    assert all(inner["d1", kind] for kind in ("rejected", "partial", "all")), inner
+    assert inner["d2", "rejected"] and inner["d2", "all"], inner
+
+
+def outcome(drafted: int, accepted: int) -> str:
+    if drafted == 0:
+        return "no draft"
+    return "all" if accepted == drafted else "partial" if accepted else "rejected"
+
+
+# ---------------------------------------------------------------------------------------------
+# K conventions
+
+
+def test_k_conventions_convert_both_ways():
+    # CS Drafting Table 5 (MMLU, MS): k11 = 5, k12 = 19, k22 = 1; the reference code writes [[5, 14], [0, 1]]
+    assert cumulative_from_increments([[5, 14], [0, 1]]) == [[5, 19], [0, 1]]
+    assert increments_from_cumulative([[5, 19], [0, 1]]) == [[5, 14], [0, 1]]
+    assert cumulative_from_increments([[5, 14, 10], [0, 1, 10], [0, 0, 10]]) == [
+        [5, 19, 29],
+        [0, 1, 11],
+        [0, 0, 10],
+    ]
+    assert cumulative_from_increments([[4]]) == increments_from_cumulative([[4]]) == [[4]]
+    gen = torch.Generator().manual_seed(0)
+    for n in (1, 2, 3, 4):
+        inc = torch.randint(0, 6, (n, n), generator=gen).triu()
+        inc.diagonal().clamp_(min=1)
+        inc = inc.tolist()
+        cum = cumulative_from_increments(inc)
+        assert increments_from_cumulative(cum) == inc
+        assert cumulative_from_increments(increments_from_cumulative(cum)) == cum
+        assert all(row[r:] == sorted(row[r:]) for r, row in enumerate(cum))  # cumulative rows never decrease
+
+
+def test_generate_rejects_a_malformed_k(weights):
+    target = HFModel(weights("tiny-llama", 0), "target")
+    drafter = HFModel(weights("tiny-llama", 0, "noisy"), "d1")
+    for K, n in (([[0]], 1), ([[2, 3], [0, 0]], 2), ([[3, 2], [0, 1]], 2), ([[2]], 2)):
+        drafters = [drafter] * n
+        with pytest.raises(ValueError):
+            cascade_drafting.generate(
+                target, drafters, MaxGramDrafter(), prompt_for(0), K=K, max_new_tokens=4
+            )
+    with pytest.raises(ValueError):
+        cascade_drafting.generate(target, [], MaxGramDrafter(), prompt_for(0), K=[], max_new_tokens=4)
+    with pytest.raises(ValueError, match="greedily only"):  # the reference code does not sample
+        cascade_drafting.generate(
+            target,
+            [drafter],
+            MaxGramDrafter(),
+            prompt_for(0),
+            K=[[2]],
+            max_new_tokens=4,
+            sampling=SamplingParams(temperature=1.0),
+            reference_compat=True,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# recipes
+
+
+def recipe(method: dict | None = None, **fields) -> dict:
+    cs = {"name": "cs", "method": "cs_drafting", "target": "target", "drafters": ["d1", "d2", "mag"]}
+    if "params" not in fields and "grid" not in fields:
+        cs["params"] = {"K": [[2, 4], [0, 3]]}
+    return {
+        "name": "t",
+        "generation": {"max_new_tokens": 16},
+        "models": {
+            "target": {"source": "tiny-llama"},
+            "d1": {"source": "tiny-llama", "options": {"layers": 1}, "cost": {"pw": 0.2}},
+            "d2": {"source": "tiny-llama", "options": {"hidden_size": 16}},
+            "mag": {"source": "maxgram"},
+            "lookup": {"source": "prompt-lookup"},
+        },
+        "datasets": [{"task": "arithmetic", "limit": 2}],
+        "methods": [
+            {"name": "sd", "method": "speculative", "target": "target", "drafter": "d1"},
+            method if method is not None else cs | fields,
+        ],
+    }
+
+
+def test_cascade_cells_ids_and_fingerprints():
+    grid = {"K": [[[2, 4], [0, 3]], [[1, 5], [0, 2]]], "lenience": [1, 2]}
+    parsed = parse_recipe(recipe(grid=grid, params={"k_convention": "increment"}), "r.yaml")
+    cells = parsed.cells()
+    assert [c.id for c in cells[1:]] == [
+        "cs[K=[[2,4],[0,3]],lenience=1.0]",
+        "cs[K=[[2,4],[0,3]],lenience=2.0]",
+        "cs[K=[[1,5],[0,2]],lenience=1.0]",
+        "cs[K=[[1,5],[0,2]],lenience=2.0]",
+    ]
+    cs = cells[1]
+    assert cs.drafters == ("d1", "d2", "mag") and cs.drafter is None
+    assert cs.params == {
+        "K": [[2, 4], [0, 3]],
+        "k_convention": "increment",
+        "lenience": 1.0,
+        "mag_tokens": 10,
+        "mag_tail": 10,
+        "mag_lenience": True,
+        "reference_compat": False,
+    }
+    again = parse_recipe(parsed.resolved(), "resolved.yaml")
+    assert [c.fingerprint(again) for c in again.cells()] == [c.fingerprint(parsed) for c in cells]
+
+    base = {c.id: c.fingerprint(parsed) for c in cells}
+    other = recipe(grid=grid, params={"k_convention": "increment"})
+    other["models"]["d2"]["options"] = {"hidden_size": 8}  # only the cascade uses d2
+    changed = {
+        c.id: c.fingerprint(parse_recipe(other, "r.yaml")) for c in parse_recipe(other, "r.yaml").cells()
+    }
+    assert changed["sd"] == base["sd"]
+    assert all(changed[cell] != base[cell] for cell in base if cell != "sd")
+    alone = parse_recipe(
+        recipe(method={"name": "ar", "method": "autoregressive", "target": "target"}), "r.yaml"
+    )
+    assert alone.cells()[0].fingerprint(alone) == base["sd"]  # a cascade beside it changes nothing
+
+
+BAD = {
+    "K not triangular": (
+        dict(params={"K": [[2, 4], [1, 3]]}),
+        "params.K",
+        "K[1][0] = 1 (k21) lies below the diagonal",
+    ),
+    "K wrong size": (dict(params={"K": [[3]]}), "params.K", "is not 2 x 2, for 2 neural drafters (d1, d2)"),
+    "K ragged": (dict(params={"K": [[2, 4], [3]]}), "params.K", "is not 2 x 2"),
+    "K zero budget": (dict(params={"K": [[0, 4], [0, 3]]}), "params.K", "K[0][0] = 0 (k11) is below 1"),
+    "K cumulative row decreases": (
+        dict(params={"K": [[4, 2], [0, 3]]}),
+        "params.K",
+        "K[0][1] = 2 (k12) < K[0][0] = 4: row 0 of the cumulative K",
+    ),
+    "K negative increment": (
+        dict(params={"K": [[4, -1], [0, 3]], "k_convention": "increment"}),
+        "params.K",
+        "K[0][1] = -1 (k12) is below 0",
+    ),
+    "K missing": (dict(params={}), "params.K", "needs K"),
+    "K not a list": (dict(params={"K": 3}), "params.K", "3 is not a list"),
+    "K holds a float": (dict(params={"K": [[2.5, 4], [0, 3]]}), "params.K", "not a list of rows of integers"),
+    "K in a grid": (dict(grid={"K": [[[2, 4], [0, 3]], [[2, 4], [1, 3]]]}), "grid.K", "below the diagonal"),
+    "lenience below 1": (
+        dict(params={"K": [[2, 4], [0, 3]], "lenience": 0.5}),
+        "params.lenience",
+        "out of range",
+    ),
+    "mag_tokens zero": (
+        dict(params={"K": [[2, 4], [0, 3]], "mag_tokens": 0}),
+        "params.mag_tokens",
+        "out of range",
+    ),
+    "unknown convention": (
+        dict(params={"K": [[2, 4], [0, 3]], "k_convention": "paper"}),
+        "params.k_convention",
+        "not allowed",
+    ),
+    "compat not a bool": (
+        dict(params={"K": [[2, 4], [0, 3]], "reference_compat": "yes"}),
+        "params.reference_compat",
+        "not true or false",
+    ),
+    "unknown drafter": (dict(drafters=["d1", "big", "mag"]), "drafters[1]", "no model named 'big'"),
+    "statistical not last": (
+        dict(drafters=["d1", "mag", "d2", "lookup"]),
+        "drafters[1]",
+        "statistical drafter but not the last",
+    ),
+    "no statistical bottom": (dict(drafters=["d1", "d2"]), "drafters", "no statistical bottom"),
+    "duplicate drafter": (
+        dict(drafters=["d1", "d1", "mag"]),
+        "drafters[1]",
+        "appears twice (also drafters[0])",
+    ),
+    "target as drafter": (dict(drafters=["target", "d1", "mag"]), "drafters[0]", "is the target"),
+    "statistical alone": (dict(drafters=["mag"]), "drafters", "at least one neural drafter"),
+    "no drafters": (dict(drafters=[]), "drafters", "needs drafters"),
+    "drafter instead of drafters": (dict(drafters=None, drafter="d1"), "drafter", "takes drafters: (a list)"),
+}
+
+
+def test_reference_compat_is_greedy_only():
+    data = recipe(params={"K": [[2, 4], [0, 3]], "reference_compat": True})
+    parse_recipe(data, "ok.yaml")
+    data["generation"]["temperature"] = 0.7
+    with pytest.raises(
+        SpecbenchError, match=r"^bad.yaml: methods\[1\].params.reference_compat: .*greedily only"
+    ):
+        parse_recipe(data, "bad.yaml")
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_cascade_is_one_line_naming_field_and_fix(case):
+    fields, field, problem = BAD[case]
+    with pytest.raises(SpecbenchError) as caught:
+        parse_recipe(recipe(**fields), "bad.yaml")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"bad.yaml: methods[1].{field}: "), message
+    assert problem in message and " — fix: " in message, message
+
+
+def test_drafters_list_only_for_cascades():
+    sd = {
+        "name": "sd2",
+        "method": "speculative",
+        "target": "target",
+        "drafter": "d1",
+        "drafters": ["d1", "mag"],
+    }
+    with pytest.raises(SpecbenchError, match=r"^bad.yaml: methods\[1\].drafters: .*takes no drafters list"):
+        parse_recipe(recipe(method=sd), "bad.yaml")
+
+
+# ---------------------------------------------------------------------------------------------
+# the shipped tiny recipe through the CLI
+
+
+def test_cli_runs_the_tiny_cascade_recipe(tmp_path: Path):
+    runner = CliRunner()
+    out = tmp_path / "cs"
+    path = ROOT / "recipes" / "cs_drafting" / "quickstart-tiny.yaml"
+    result = runner.invoke(app, ["run", str(path), "--output-dir", str(out), "--limit", "2"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "examples.jsonl").read_text().splitlines()]
+    cells = pd.read_csv(out / "cells.csv").set_index("cell")
+    cascade = [cell for cell in cells.index if cell.startswith("cs[")]
+    assert cascade == ["cs[K=[[2,4],[0,3]]]", "cs[K=[[1,5],[0,2]]]"] and len(rows) == 6
+    for cell in cascade:
+        row = cells.loc[cell]
+        assert row["drafter"] == "d1+d2+mag"
+        assert row["lossless_checked"] == row["lossless_identical"] == 2  # greedy: the AR output exactly
+        assert row["acceptance_length"] > 1
+        mine = [r for r in rows if r["cell"] == cell]
+        passes = Counter()
+        for r in mine:
+            assert r["drafters"] == ["d1", "d2", "mag"] and set(r["inner_steps"]) == {"d1", "d2"}
+            assert r["costs"]["pw"] == {"target": 1.0, "d1": 0.3, "d2": 0.1, "mag": 0.0}
+            assert (
+                r["costs"]["ms"]["d1"] == 1.0
+                and 0 < r["costs"]["ms"]["d2"] < 1
+                and r["costs"]["ms"]["mag"] == 0
+            )
+            passes.update({name: f["forward_passes"] for name, f in r["forwards"].items()})
+        assert row["drafter_forwards"] == passes["d1"] + passes["d2"] + passes["mag"]
+        spent = passes["target"] + 0.3 * passes["d1"] + 0.1 * passes["d2"]
+        assert row["swi_pw"] == pytest.approx(row["generated_tokens"] / spent)
+    report = runner.invoke(app, ["report", str(out), "--format", "csv"])
+    assert report.exit_code == 0 and "d1+d2+mag" in report.output and '"[[2,4],[0,3]]"' in report.output
