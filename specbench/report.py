@@ -51,6 +51,7 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
             "speedup": _num(r.get("speedup_vs_ar")),
             "acc. len": _num(r["acceptance_length"]),
             "draft acc.": _num(r["draft_acceptance_rate"]),
+            "drafter cost": _num(r.get("drafter_cost", math.nan), 3),
         }
         for column in quality:
             row[column.removeprefix("quality_")] = _num(r[column], 3)

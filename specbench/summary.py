@@ -20,11 +20,12 @@ def summarise_cell(rows: list[dict]) -> dict:
     tokens = sum(r["n_tokens"] for r in rows)
     walltime = sum(r["walltime"] for r in rows)
     forwards: dict[str, int] = defaultdict(int)
-    model_seconds = 0.0
+    seconds: dict[str, float] = defaultdict(float)
     for r in rows:
         for model, counts in r["forwards"].items():
             forwards[model] += counts["forward_passes"]
-            model_seconds += counts["seconds"]
+            seconds[model] += counts["seconds"]
+    model_seconds = sum(seconds.values())
     steps = [s for r in rows for s in r["steps"]]
     drafted = sum(d for d, _ in steps)
     accepted = sum(a for _, a in steps)
@@ -42,6 +43,11 @@ def summarise_cell(rows: list[dict]) -> dict:
         "target_forwards": forwards.get(target, 0),
         "drafter_forwards": sum(forwards.get(name, 0) for name in drafters),
         "forwards": json.dumps(dict(forwards), sort_keys=True),
+        # time per forward pass of each model; the largest drafter's is compared with AR's below
+        "pass_ms": json.dumps({m: 1000 * seconds[m] / n for m, n in forwards.items() if n}, sort_keys=True),
+        "drafter_pass_ms": 1000 * seconds[drafters[0]] / forwards[drafters[0]]
+        if drafters and forwards.get(drafters[0])
+        else math.nan,
     }
     for table in ("ms", "pw"):
         costs = first["costs"][table]
@@ -86,9 +92,18 @@ def summarise(rows: list[dict]) -> pd.DataFrame:
     table = pd.DataFrame([summarise_cell(g) for g in groups.values()])
     if table.empty:
         return table
-    ar = table[table["method"] == "autoregressive"].set_index(["dataset", "target"])["tokens_per_s"]
+    ar_cells = table[table["method"] == "autoregressive"].set_index(["dataset", "target"])
     table["speedup_vs_ar"] = [
-        row.tokens_per_s / ar.get((row.dataset, row.target), math.nan) for row in table.itertuples()
+        row.tokens_per_s / ar_cells["tokens_per_s"].get((row.dataset, row.target), math.nan)
+        for row in table.itertuples()
+    ]
+    # the cost coefficient c of the CS Drafting / Leviathan analysis, measured: time of one drafter
+    # pass over time of one autoregressive target pass, same dataset and run
+    ar_pass_ms = {
+        key: json.loads(row["pass_ms"]).get(key[1], math.nan) for key, row in ar_cells.iterrows()
+    }
+    table["drafter_cost"] = [
+        row.drafter_pass_ms / ar_pass_ms.get((row.dataset, row.target), math.nan) for row in table.itertuples()
     ]
     return table
 

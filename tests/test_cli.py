@@ -180,3 +180,12 @@ def test_plot_acceptance_by_position(tiny_run: Path, tmp_path: Path):
     assert first["accepted"] == sum(1 for r in k4 for _, a in r["steps"] if a >= 1)
     assert ((table["accepted"] <= table["proposed"]) & (table["acceptance_rate"] <= 1)).all()
     assert set(table["cell"]) <= {r["cell"] for r in rows if r["method"] != "autoregressive"}
+
+
+def test_drafter_cost_is_time_per_drafter_pass_over_an_ar_target_pass(tiny_run: Path):
+    cells = pd.read_csv(tiny_run / "cells.csv").set_index("cell")
+    ar_pass = json.loads(cells.loc["ar", "pass_ms"])["target"]
+    sd = cells.loc["sd-draft[k=4]"]
+    assert sd["drafter_cost"] == pytest.approx(json.loads(sd["pass_ms"])["draft"] / ar_pass)
+    assert 0 < sd["drafter_cost"] < 10
+    assert pd.isna(cells.loc["ar", "drafter_cost"])
