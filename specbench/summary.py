@@ -99,11 +99,10 @@ def summarise(rows: list[dict]) -> pd.DataFrame:
     ]
     # the cost coefficient c of the CS Drafting / Leviathan analysis, measured: time of one drafter
     # pass over time of one autoregressive target pass, same dataset and run
-    ar_pass_ms = {
-        key: json.loads(row["pass_ms"]).get(key[1], math.nan) for key, row in ar_cells.iterrows()
-    }
+    ar_pass_ms = {key: json.loads(row["pass_ms"]).get(key[1], math.nan) for key, row in ar_cells.iterrows()}
     table["drafter_cost"] = [
-        row.drafter_pass_ms / ar_pass_ms.get((row.dataset, row.target), math.nan) for row in table.itertuples()
+        row.drafter_pass_ms / ar_pass_ms.get((row.dataset, row.target), math.nan)
+        for row in table.itertuples()
     ]
     return table
 
