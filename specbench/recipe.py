@@ -324,6 +324,9 @@ class MethodSpec(_Strict):
     drafters: list[str] | None = None  # a cascade: neural drafters largest first, a statistical one last
     params: dict[str, Any] = Field(default_factory=dict)
     grid: dict[str, list[Any]] = Field(default_factory=dict)
+    # greedy lossless methods: count the target's reviews from its AR output instead of running it
+    # (specbench.models.replay); the rows' walltime then excludes the target and is reported as NaN
+    replay: bool = False
 
     @field_validator("method")
     @classmethod
@@ -339,6 +342,7 @@ class Recipe(_Strict):
     seed: int = 0
     warmup: int = Field(default=1, ge=0)  # examples run once per cell before timing, not recorded
     lossless_check: bool = True
+    replay_check: int = Field(default=2, ge=0)  # first N examples of every replayed cell also run live
     generation: GenerationSpec = Field(default_factory=GenerationSpec)
     models: dict[str, ModelSpec] = Field(min_length=1)
     datasets: list[DatasetSpec] = Field(min_length=1)
@@ -368,6 +372,7 @@ class Recipe(_Strict):
                         fixed | point,
                         keys,
                         tuple(spec.drafters or ()),
+                        spec.replay,
                     )
                 )
         return cells
@@ -404,6 +409,7 @@ class Cell:
     params: dict = field(hash=False)  # defaults + params + this grid point
     grid_keys: tuple[str, ...] = ()
     drafters: tuple[str, ...] = ()  # a cascade's drafters, largest first (cs_drafting)
+    replay: bool = False  # the target is replayed from the AR cell's output (walltime excludes it)
 
     @property
     def id(self) -> str:
@@ -426,6 +432,8 @@ class Cell:
         }
         if self.drafters:  # only cascades carry the key, so other cells keep their fingerprints
             payload["drafters"] = [recipe.models[name].model_dump(mode="json") for name in self.drafters]
+        if self.replay:  # same counts and outputs, but the walltime of replayed rows is not measured
+            payload["replay"] = True
         canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -532,6 +540,55 @@ def _check_method(recipe: Recipe, index: int, spec: MethodSpec, where: str) -> N
     info = METHODS[spec.method]
     _check_roles(recipe, spec, info, where)
     _check_params(spec, info, where, recipe.generation)
+    if spec.replay:
+        problem = replay_problem(recipe, spec)
+        if problem:
+            raise SpecbenchError(f"{where}.replay", *problem)
+
+
+def replay_problem(recipe: Recipe, spec: MethodSpec, params: dict | None = None) -> tuple[str, str] | None:
+    """Why the target of ``spec``'s cells (or of its one cell with ``params``) cannot be replayed from
+    its autoregressive output, as (problem, fix); None when it can (specbench.models.replay)."""
+    if spec.method.startswith("hf_"):
+        return (
+            f"method {spec.method!r} cannot replay the target: HF generate calls the model itself",
+            "remove replay: (it works with speculative and cs_drafting)",
+        )
+    if spec.method == "autoregressive":
+        return "the autoregressive output is what other cells replay", "remove replay: here"
+    if recipe.generation.temperature > 0:
+        return (
+            f"replay needs greedy decoding, but generation.temperature is {recipe.generation.temperature}",
+            "set generation.temperature: 0, or remove replay:",
+        )
+    from specbench.methods import is_lossless  # imports torch: only recipes that replay pay for it
+
+    info = METHODS[spec.method]
+    fixed = _defaults(info) | _normalized(info, spec.params)
+    keys = sorted(spec.grid)
+    points = (
+        [params]
+        if params is not None
+        else [
+            fixed | _normalized(info, dict(zip(keys, values, strict=True)))
+            for values in itertools.product(*(spec.grid[key] for key in keys))
+        ]
+    )
+    for point in points:
+        if not is_lossless(spec.method, point):
+            given = ", ".join(
+                f"{name}={point[name]}" for name in sorted(spec.params.keys() | spec.grid.keys())
+            )
+            return (
+                f"{spec.method} with {given} is not lossless, so its output is not the target's to replay",
+                "use lenience: 1 (in params and grid), or remove replay:",
+            )
+    if not any(o.method == "autoregressive" and o.target == spec.target for o in recipe.methods):
+        return (
+            f"replay reuses the autoregressive output of {spec.target!r}, but no method produces it",
+            f"add {{name: ar, method: autoregressive, target: {spec.target}}} to methods",
+        )
+    return None
 
 
 def _check_roles(recipe: Recipe, spec: MethodSpec, info: MethodInfo, where: str) -> None:

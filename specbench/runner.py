@@ -3,6 +3,14 @@
 Rows are keyed by a content hash of (cell fingerprint, dataset, example id, prompt), so a
 re-run with ``resume`` skips what is done, and a changed setting produces new rows instead of
 silently reusing old ones. Warm-up examples run once per cell and are never recorded.
+
+Replayed cells (``replay: true``, greedy lossless methods) review with a
+:class:`~specbench.models.replay.ReplayTarget` built from the AR cell's row for the same example
+(AR cells run first), so they cost drafter passes only. Their first ``replay_check`` examples also
+run live, and any difference in outputs, steps or forward counts stops the run. Their rows carry
+``replayed: true``; the walltime and TTFT measured without the target are kept as
+``walltime_replayed`` and ``ttft_replayed``, and ``walltime``, ``ttft`` and the target's seconds are
+NaN, so no tokens/s or speedup is derived from them.
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import platform
 import subprocess
@@ -24,11 +33,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from specbench import __version__
 from specbench.costs import pw_cost
+from specbench.decoding.generation import Generation
 from specbench.decoding.sampling import SamplingParams
 from specbench.errors import SpecbenchError
 from specbench.methods import METHOD_FUNCTIONS, Request, is_lossless
 from specbench.models import registry
 from specbench.models.hf import HFModel
+from specbench.models.replay import ReplayError, ReplayTarget
 from specbench.recipe import Cell, Recipe
 from specbench.results import ENVIRONMENT, EXAMPLES, RESOLVED_RECIPE, ExampleLog, write_atomic
 from specbench.summary import write_cells_csv
@@ -131,16 +142,20 @@ class Runner:
 
     # -- running ---------------------------------------------------------------------------
 
-    def run(self) -> Path:
+    def run(self, plan: list[tuple[DatasetRun, list[Cell]]] | None = None) -> Path:
+        """Run every cell on every example, or only ``plan``: (dataset, its cells) pairs, e.g. a tune's
+        round (a dataset's examples cut short, a subset of cells)."""
         recipe = self.recipe
-        datasets = self.datasets()
-        cells = sorted(
-            recipe.cells(), key=lambda c: c.method != "autoregressive"
-        )  # AR first: lossless reference
+        if plan is None:
+            plan = [(dataset, recipe.cells()) for dataset in self.datasets()]
+        # AR first: the lossless check's reference, and what replayed cells replay
+        plan = [
+            (dataset, sorted(cells, key=lambda c: c.method != "autoregressive")) for dataset, cells in plan
+        ]
         self.output_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(self.output_dir / RESOLVED_RECIPE, yaml.safe_dump(recipe.resolved(), sort_keys=False))
         done = self.log.done
-        total = sum(len(d.examples) for d in datasets) * len(cells)
+        total = sum(len(dataset.examples) * len(cells) for dataset, cells in plan)
         with Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -151,16 +166,22 @@ class Runner:
             transient=False,
         ) as progress:
             overall = progress.add_task("all cells", total=total, stats="")
-            for dataset in datasets:
+            for dataset, cells in plan:
                 for cell in cells:
                     self._run_cell(dataset, cell, done, progress, overall)
         self._write_environment()
-        expected = {self._key(c, d, ex) for d in datasets for c in cells for ex in d.examples}
-        write_cells_csv(self.output_dir, [r for r in self.log.rows if r["key"] in expected])
+        write_cells_csv(
+            self.output_dir, [row for dataset, cells in plan for c in cells for row in self.rows(dataset, c)]
+        )
         return self.output_dir
 
     def _key(self, cell: Cell, dataset: DatasetRun, example: Example) -> str:
         return _hash(cell.fingerprint(self.recipe), dataset.label, example.id, example.prompt)
+
+    def rows(self, dataset: DatasetRun, cell: Cell) -> list[dict]:
+        """The recorded rows of ``cell`` on the examples of ``dataset`` that have one, in example order."""
+        keys = (self._key(cell, dataset, example) for example in dataset.examples)
+        return [self.log.by_key[key] for key in keys if key in self.log.by_key]
 
     def _run_cell(self, dataset: DatasetRun, cell: Cell, done: set[str], progress: Progress, overall) -> None:
         todo = [ex for ex in dataset.examples if self._key(cell, dataset, ex) not in done]
@@ -174,21 +195,58 @@ class Runner:
             drafter = [self.model(name) for name in cell.drafters]
         else:
             drafter = self.model(cell.drafter) if cell.drafter else None
-        method = METHOD_FUNCTIONS[cell.method]
-        bar = progress.add_task(f"{dataset.label} {cell.id}", total=len(todo), stats="")
+        label = f"{dataset.label} {cell.id}" + (" (replayed)" if cell.replay else "")
+        bar = progress.add_task(label, total=len(todo), stats="")
         for example in dataset.examples[: self.recipe.warmup]:
-            method(cell.params, target, drafter, self._request(target, dataset, example))
+            self._generate(dataset, cell, target, drafter, example, check=False)
+        checked = {example.id for example in dataset.examples[: self.recipe.replay_check]}
         tokens = seconds = steps = 0.0
         for example in todo:
-            request = self._request(target, dataset, example)
-            generation = method(cell.params, target, drafter, request)
-            self.log.append(self._row(dataset, cell, example, target, request, generation))
+            request, generation, replay = self._generate(
+                dataset, cell, target, drafter, example, check=cell.replay and example.id in checked
+            )
+            self.log.append(self._row(dataset, cell, example, target, request, generation, replay))
             tokens += len(generation.tokens)
             seconds += generation.walltime
             steps += len(generation.steps)
-            stats = f"acc.len {tokens / max(steps, 1):.2f} · {tokens / max(seconds, 1e-9):.1f} tok/s"
+            stats = f"acc.len {tokens / max(steps, 1):.2f}"
+            if not cell.replay:
+                stats += f" · {tokens / max(seconds, 1e-9):.1f} tok/s"
             progress.update(bar, advance=1, stats=stats)
             progress.advance(overall)
+
+    def _generate(self, dataset, cell: Cell, target, drafter, example: Example, check: bool):
+        """(request, generation, the ReplayTarget or None): one example, live or replayed; ``check``
+        also runs a replayed one live and stops at the first difference."""
+        method = METHOD_FUNCTIONS[cell.method]
+        request = self._request(target, dataset, example)
+        if not cell.replay:
+            return request, method(cell.params, target, drafter, request), None
+        where = f"{self.recipe.path}: methods.{cell.method_name}.replay"
+        about = f"cell {cell.id}, {dataset.label} example {example.id}"
+        reference = self._reference(dataset, cell, example)
+        if reference is None:
+            raise SpecbenchError(
+                where,
+                f"{about}: no autoregressive row of {cell.target!r} to replay",
+                f"add an autoregressive method with target: {cell.target} (it runs first)",
+            )
+        replay = ReplayTarget(target, reference["output_ids"], reference["stopped_by_eos"])
+        try:
+            generation = method(cell.params, replay, drafter, request)
+        except ReplayError as error:
+            raise SpecbenchError(where, f"{about}: {error.problem}", error.fix) from None
+        if check:
+            live = method(cell.params, target, drafter, self._request(target, dataset, example))
+            difference = _first_difference(generation, live)
+            if difference:
+                raise SpecbenchError(
+                    where,
+                    f"{about}: the replayed run differs from the live one, {difference}",
+                    "replay is exact only for greedy lossless methods: run this method live "
+                    "(remove replay:) and report the difference",
+                )
+        return request, generation, replay
 
     def _request(self, target: HFModel, dataset: DatasetRun, example: Example) -> Request:
         text = render_prompt(example, target.tokenizer, dataset.chat_template)
@@ -210,7 +268,9 @@ class Runner:
                     "use a drafter trained with the target's vocabulary",
                 )
 
-    def _row(self, dataset, cell, example, target, request: Request, generation) -> dict:
+    def _row(
+        self, dataset, cell, example, target, request: Request, generation, replay: ReplayTarget | None = None
+    ) -> dict:
         text = target.tokenizer.decode(generation.tokens, skip_special_tokens=True)
         quality = dataset.task.score(example, text)
         lossless = None
@@ -249,6 +309,13 @@ class Runner:
             row["inner_steps"] = {
                 name: [list(s) for s in steps] for name, steps in generation.inner_steps.items()
             }
+        if replay is not None:  # only replayed rows carry these keys (module docstring)
+            row["replayed"] = True
+            row["replay_live_passes"] = replay.live_passes
+            row["walltime_replayed"], row["walltime"] = row["walltime"], math.nan
+            row["ttft_replayed"], row["ttft"] = row["ttft"], math.nan
+            row["forwards"] = {name: dict(counts) for name, counts in row["forwards"].items()}
+            row["forwards"][cell.target]["seconds"] = math.nan
         return row
 
     def _costs(self, cell: Cell, target) -> dict:
@@ -261,14 +328,16 @@ class Runner:
             pw[name] = 0.0 if drafter.num_parameters == 0 else _pw_of(self.recipe, name, False)
         return {"ms": ms, "pw": pw}
 
-    def _divergence(self, dataset, cell, example, tokens: list[int]) -> int | None:
-        """-1 when identical to the AR cell's output for the same target, else the first differing index."""
-        reference = None
+    def _reference(self, dataset, cell, example) -> dict | None:
+        """The row of the (first) AR cell of ``cell``'s target on this example, if recorded."""
         for other in self.recipe.cells():
             if other.method == "autoregressive" and other.target == cell.target:
-                key = self._key(other, dataset, example)
-                reference = self.log.by_key.get(key)
-                break
+                return self.log.by_key.get(self._key(other, dataset, example))
+        return None
+
+    def _divergence(self, dataset, cell, example, tokens: list[int]) -> int | None:
+        """-1 when identical to the AR cell's output for the same target, else the first differing index."""
+        reference = self._reference(dataset, cell, example)
         if reference is None:
             return None
         ar = reference["output_ids"]
@@ -303,6 +372,32 @@ class Runner:
             },
         }
         write_atomic(self.output_dir / ENVIRONMENT, json.dumps(env, indent=2) + "\n")
+
+
+def _first_difference(replayed: Generation, live: Generation) -> str | None:
+    """The first count, step or token in which two generations of one request differ, in words."""
+    for model in sorted(live.forwards.keys() | replayed.forwards.keys()):
+        for count in ("forward_passes", "tokens_scored", "encoder_passes"):
+            a = replayed.forwards.get(model, {}).get(count)
+            b = live.forwards.get(model, {}).get(count)
+            if a != b:
+                return f"{model} {count}: replayed {a}, live {b}"
+    steps = [("target step", replayed.steps, live.steps)]
+    steps += [
+        (f"{name} review", replayed.inner_steps.get(name, []), live.inner_steps.get(name, []))
+        for name in sorted(live.inner_steps.keys() | replayed.inner_steps.keys())
+    ]
+    for what, a, b in [*steps, ("output token", replayed.tokens, live.tokens)]:
+        a, b = [_plain(x) for x in a], [_plain(x) for x in b]
+        if a != b:
+            i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+            mine, theirs = (a[i] if i < len(a) else "none"), (b[i] if i < len(b) else "none")
+            return f"{what} {i}: replayed {mine}, live {theirs}"
+    return None
+
+
+def _plain(value):
+    return tuple(value) if isinstance(value, (list, tuple)) else value
 
 
 def _version(package: str) -> str | None:
