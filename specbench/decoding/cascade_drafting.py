@@ -58,7 +58,7 @@ from collections.abc import Sequence
 import torch
 
 from specbench.decoding.acceptance import greedy_accept, speculative_accept
-from specbench.decoding.generation import Generation, Stopwatch, eos_set, truncate_at_eos
+from specbench.decoding.generation import Generation, Stopwatch, commit, eos_set, truncate_at_eos
 from specbench.decoding.sampling import SamplingParams
 from specbench.models.base import Drafter, LanguageModel
 
@@ -192,11 +192,7 @@ def generate(
         else:  # strict: the output follows the target's own distribution
             verdict = speculative_accept(drafts, q, sampling.probs(logits), generator)
 
-        # the one host sync of the step: the accepted count and the tokens, in a single transfer
-        packed = torch.cat([verdict.n_accepted.view(1), drafts, verdict.next_token.view(1)]).tolist()
-        accepted = packed[0]
-        new = packed[1 : 1 + accepted] + [packed[-1]]
-        out[generated + accepted] = verdict.next_token
+        accepted, new = commit(verdict, drafts, out, generated)
         rollback(generated + accepted)
         new, stopped = truncate_at_eos(new, eos)
         steps.append((d, accepted))

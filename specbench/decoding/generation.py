@@ -86,3 +86,14 @@ def eos_set(eos_token_id) -> frozenset[int]:
     if isinstance(eos_token_id, int):
         return frozenset({eos_token_id})
     return frozenset(int(t) for t in eos_token_id)
+
+
+def commit(verdict, drafts: torch.Tensor, out: torch.Tensor, generated: int) -> tuple[int, list[int]]:
+    """Write a target verdict after ``out[:generated + n]``: (n accepted, the n + 1 new tokens).
+
+    The one host sync of a speculative step: the accepted count and the tokens in a single transfer.
+    """
+    packed = torch.cat([verdict.n_accepted.view(1), drafts, verdict.next_token.view(1)]).tolist()
+    n = packed[0]
+    out[generated + n] = verdict.next_token
+    return n, packed[1 : 1 + n] + [packed[-1]]

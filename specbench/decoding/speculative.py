@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from specbench.decoding.acceptance import AcceptanceRule, exact_rule
-from specbench.decoding.generation import Generation, Stopwatch, eos_set, truncate_at_eos
+from specbench.decoding.generation import Generation, Stopwatch, commit, eos_set, truncate_at_eos
 from specbench.decoding.sampling import SamplingParams
 from specbench.models.base import Drafter, LanguageModel
 
@@ -61,11 +61,7 @@ def generate(
         p = logits if raw_logits else sampling.probs(logits)
         verdict = rule(draft_tokens, q, p, generator)
 
-        # the one host sync of the step: the accepted count and the tokens, in a single transfer
-        packed = torch.cat([verdict.n_accepted.view(1), draft_tokens, verdict.next_token.view(1)]).tolist()
-        n = packed[0]
-        new = packed[1 : 1 + n] + [packed[-1]]
-        out[generated + n] = verdict.next_token
+        n, new = commit(verdict, draft_tokens, out, generated)
         target.rollback(generated + n)
         drafter.rollback(generated + n)
         new, stopped = truncate_at_eos(new, eos)
