@@ -288,4 +288,5 @@ def test_bigram_paths_resolve_from_the_repository_root(path: Path):
     if not (ROOT.parent / "shared").is_dir():
         pytest.skip("no ../shared checkout beside the repository")
     for bigram in bigrams:
-        assert (ROOT / bigram).is_file(), bigram
+        if not bigram.startswith("distilled:"):  # built by `make drafts` into the cache, not shipped
+            assert (ROOT / bigram).is_file(), bigram
