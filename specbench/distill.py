@@ -99,27 +99,37 @@ class Sequence:
     top_logp: torch.Tensor  # [L - start, k] float16
 
 
-def _data_fingerprint(data_dir: str) -> str:
-    digest = hashlib.sha256()
-    for task, split in sorted(set(GENERATE_FROM + TEACHER_FORCE_FROM)):
-        for folder in get_task(task).local_dirs or (task,):
-            path = Path(data_dir) / folder / f"{split}.jsonl"
-            if path.is_file():
-                digest.update(path.read_bytes())
-                break
-    return digest.hexdigest()[:12]
-
-
-def _examples(task: str, split: str, data_dir: str):
+def _training_file(task: str, split: str, data_dir: str) -> Path | None:
+    """``<data_dir>/<folder>/<split>.jsonl`` for the task's first local folder that has it."""
     for folder in get_task(task).local_dirs or (task,):
         path = Path(data_dir) / folder / f"{split}.jsonl"
         if path.is_file():
-            return get_task(task).load(split=split, data_files=str(path))
-    raise SpecbenchError(
-        f"--data-dir {data_dir}",
-        f"no {task}/{split}.jsonl training data",
-        "point --data-dir (or SPECBENCH_DATA_DIR) at the offline data folder (../shared/data)",
-    )
+            return path
+    return None
+
+
+def _data_fingerprint(data_dir: str) -> str:
+    digest = hashlib.sha256()
+    for task, split in sorted(set(GENERATE_FROM + TEACHER_FORCE_FROM)):
+        path = _training_file(task, split, data_dir)
+        if path is not None:
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def _training_file_or_fail(task: str, split: str, data_dir: str) -> Path:
+    path = _training_file(task, split, data_dir)
+    if path is None:
+        raise SpecbenchError(
+            f"--data-dir {data_dir}",
+            f"no {task}/{split}.jsonl training data",
+            "point --data-dir (or SPECBENCH_DATA_DIR) at the offline data folder (../shared/data)",
+        )
+    return path
+
+
+def _examples(task: str, split: str, data_dir: str):
+    return get_task(task).load(split=split, data_files=str(_training_file_or_fail(task, split, data_dir)))
 
 
 def _top(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -223,7 +233,7 @@ def teacher_data(target, config: TeacherConfig, progress) -> list[Sequence]:
     forced = []
     for task, split in TEACHER_FORCE_FROM:
         used = {e.id for e in generated}
-        raw = [row for row in _read_rows(task, split, config.data_dir)]
+        raw = _read_rows(task, split, config.data_dir)
         examples = _examples(task, split, config.data_dir)
         pool = [(e, raw[i]["answer"]) for i, e in enumerate(examples) if e.id not in used]
         forced += pool[-config.teacher_forced :]  # from the end, away from the generated prompts
@@ -237,12 +247,8 @@ def teacher_data(target, config: TeacherConfig, progress) -> list[Sequence]:
 
 
 def _read_rows(task: str, split: str, data_dir: str) -> list[dict]:
-    for folder in get_task(task).local_dirs or (task,):
-        path = Path(data_dir) / folder / f"{split}.jsonl"
-        if path.is_file():
-            with path.open() as lines:  # not str.splitlines: answers may contain U+2028
-                return [json.loads(line) for line in lines if line.strip()]
-    return []
+    with _training_file_or_fail(task, split, data_dir).open() as lines:  # not str.splitlines: U+2028
+        return [json.loads(line) for line in lines if line.strip()]
 
 
 def _slug(source: str) -> str:
