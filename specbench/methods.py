@@ -29,6 +29,9 @@ class Request:
     sampling: SamplingParams
     eos_token_id: list[int]
     generator: torch.Generator
+    # the target's autoregressive output ids for this example, for methods that declare
+    # ``needs_reference`` (oracles); None otherwise
+    reference_ids: list[int] | None = None
 
 
 def _autoregressive(params: dict, target, drafter, r: Request) -> Generation:

@@ -66,6 +66,9 @@ class MethodInfo:
     help: str = ""
     neural_drafter_only: bool = False  # the drafter must be a model, not a statistical drafter
     drafter_list: bool = False  # takes ``drafters:`` (a cascade) instead of ``drafter:``
+    # reads the target's own autoregressive output for the same example (oracles): the recipe must
+    # hold an autoregressive method on the same target, and the runner passes its output ids
+    needs_reference: bool = False
     # Rule across parameters, called with every fully resolved grid point, the method's recipe entry
     # and the generation settings: None, or (param, problem, fix).
     check: Callable[[dict, MethodSpec, GenerationSpec], tuple[str, str, str] | None] | None = None
@@ -540,6 +543,14 @@ def _check_method(recipe: Recipe, index: int, spec: MethodSpec, where: str) -> N
     info = METHODS[spec.method]
     _check_roles(recipe, spec, info, where)
     _check_params(spec, info, where, recipe.generation)
+    if info.needs_reference and not any(
+        o.method == "autoregressive" and o.target == spec.target for o in recipe.methods
+    ):
+        raise SpecbenchError(
+            f"{where}.method",
+            f"{spec.method} reads the autoregressive output of {spec.target!r}, but no method produces it",
+            f"add {{name: ar, method: autoregressive, target: {spec.target}}} to methods",
+        )
     if spec.replay:
         problem = replay_problem(recipe, spec)
         if problem:

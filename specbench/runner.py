@@ -16,6 +16,7 @@ NaN, so no tokens/s or speedup is derived from them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -40,7 +41,7 @@ from specbench.methods import METHOD_FUNCTIONS, Request, is_lossless
 from specbench.models import registry
 from specbench.models.hf import HFModel
 from specbench.models.replay import ReplayError, ReplayTarget
-from specbench.recipe import Cell, Recipe
+from specbench.recipe import METHODS, Cell, Recipe
 from specbench.results import ENVIRONMENT, EXAMPLES, RESOLVED_RECIPE, ExampleLog, write_atomic
 from specbench.summary import write_cells_csv
 from specbench.tasks import Example, get_task, render_prompt
@@ -220,6 +221,15 @@ class Runner:
         also runs a replayed one live and stops at the first difference."""
         method = METHOD_FUNCTIONS[cell.method]
         request = self._request(target, dataset, example)
+        if METHODS[cell.method].needs_reference:
+            reference = self._reference(dataset, cell, example)
+            if reference is None:  # AR cells run first, so only a failed AR row leads here
+                raise SpecbenchError(
+                    f"{self.recipe.path}: methods.{cell.method_name}",
+                    f"no autoregressive row of {cell.target!r} for {dataset.label} example {example.id}",
+                    "run the recipe's autoregressive method on this target first (it is in the plan)",
+                )
+            request = dataclasses.replace(request, reference_ids=reference["output_ids"])
         if not cell.replay:
             return request, method(cell.params, target, drafter, request), None
         where = f"{self.recipe.path}: methods.{cell.method_name}.replay"
@@ -309,6 +319,8 @@ class Runner:
             row["inner_steps"] = {
                 name: [list(s) for s in steps] for name, steps in generation.inner_steps.items()
             }
+        if generation.deferrals is not None:  # cascades only
+            row["deferrals"] = generation.deferrals
         if replay is not None:  # only replayed rows carry these keys (module docstring)
             row["replayed"] = True
             row["replay_live_passes"] = replay.live_passes

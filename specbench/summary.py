@@ -71,6 +71,9 @@ def summarise_cell(rows: list[dict]) -> dict:
         model_time_fraction=model_seconds / walltime if walltime else math.nan,
     )
     out["loop_overhead"] = 1.0 - out["model_time_fraction"]
+    if any("deferrals" in r for r in rows):
+        # per generated token: a speculative cascade's rejections, a sequential one's deferred tokens
+        out["deferral_rate"] = sum(r.get("deferrals", 0) for r in rows) / tokens if tokens else math.nan
     metrics = sorted({m for r in rows for m in r["quality"]})
     for metric in metrics:
         out[f"quality_{metric}"] = _mean([r["quality"].get(metric, math.nan) for r in rows])

@@ -16,6 +16,9 @@ class Generation:
     position and the mean accepted length are derived from it. ``forwards`` maps each model's
     name to its counter snapshot (forward passes, tokens scored, encoder passes, seconds).
     ``inner_steps`` holds the (drafted, accepted) pairs of reviews by drafters (cascades), by reviewer.
+    ``deferrals`` counts the tokens a cascade took from the large model's distribution instead of the
+    small one's (a speculative cascade's rejections, a sequential cascade's deferred tokens); None
+    for methods that never defer.
     """
 
     tokens: list[int]
@@ -25,6 +28,7 @@ class Generation:
     forwards: dict[str, dict[str, float]] = field(default_factory=dict)
     stopped_by_eos: bool = False
     inner_steps: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    deferrals: int | None = None
 
     @property
     def accepted_per_step(self) -> float:
