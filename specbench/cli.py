@@ -128,7 +128,10 @@ def report(
         None,
         "--paper",
         help="Print a paper's table with our best cells beside it: cs-drafting-table2 (SWI, FLAN-T5) "
-        "or cs-drafting-table3 (walltime, Vicuna-7B, with Table 4). Formats: table, markdown, csv.",
+        "or cs-drafting-table3 (walltime, Vicuna-7B, with Table 4); spec-cascades-table2 (latency "
+        "reduction at the large model's quality and best quality within its latency, from each "
+        "method's Pareto frontier over α); specdecpp (Table 1 throughput and speedup, discard and "
+        "verification rates, fitted t_draft/t_target). Formats: table, markdown, csv.",
     ),
 ):
     """One table per dataset: method, drafters, k, SWI (MS, PW), tokens/s, speedup, acceptance, quality.
@@ -259,12 +262,41 @@ def distill(
 @user_errors
 def plot(
     results: Path = typer.Argument(..., help="A run directory (holding examples.jsonl)."),
+    figure: str = typer.Option(
+        "acceptance",
+        "--figure",
+        help="acceptance: acceptance rate by draft position (CS Drafting Fig. 2); curves: quality vs "
+        "relative latency per cascade and α, curves.csv, cascades_table2.csv and Pareto PNGs "
+        "(Speculative Cascades Figs. 2-3, Table 2); specdecpp: discard/verification rates, the "
+        "t_draft/t_target regression CSVs and the Figure 4 PNG (SpecDec++); all: every one that applies.",
+    ),
 ):
-    """Acceptance rate by draft position (CS Drafting Figure 2): writes a CSV and a PNG into RESULTS."""
+    """Figures of a run, written as CSV + PNG into RESULTS (see --figure)."""
     from specbench.plots import write_acceptance_plot
 
-    csv_path, png_path = write_acceptance_plot(results)
-    err.print(f"wrote {csv_path} and {png_path}")
+    figures = ("acceptance", "curves", "specdecpp", "all")
+    if figure not in figures:
+        raise SpecbenchError("--figure", f"unknown figure {figure!r}", f"use one of {', '.join(figures)}")
+    writers = {"acceptance": lambda r: list(write_acceptance_plot(r))}
+    if figure in ("curves", "all"):
+        from specbench.curves import write_curves
+
+        writers["curves"] = write_curves
+    if figure in ("specdecpp", "all"):
+        from specbench.efficiency import write_efficiency
+
+        writers["specdecpp"] = write_efficiency
+    for name, write in writers.items():
+        if figure not in (name, "all"):
+            continue
+        try:
+            paths = write(results)
+        except SpecbenchError as error:
+            if figure != "all":
+                raise
+            err.print(f"skipped {name}: {error}", highlight=False, soft_wrap=True)
+            continue
+        err.print("wrote " + ", ".join(str(p) for p in paths), highlight=False, soft_wrap=True)
 
 
 theory_app = typer.Typer(help="Expected walltime improvement (EWIF) from the CS Drafting theory (Section 4).")
@@ -341,6 +373,105 @@ def bigram_build(
     table.save(out)
     learned = int((table.next_token != table.next_token.new_tensor(range(len(table)))).sum())
     err.print(f"{out}: {len(table)} entries, {learned} learned from {len(texts)} texts")
+
+
+specdecpp_app = typer.Typer(help="SpecDec++ (Huang et al. 2024): train the acceptance prediction head.")
+app.add_typer(specdecpp_app, name="specdecpp")
+
+
+@specdecpp_app.command("train")
+@user_errors
+def specdecpp_train(
+    target: str = typer.Option("smollm2-135m-instruct", help="Target model source (alias, path or hub id)."),
+    drafter: str = typer.Option(
+        "distilled:smollm2-135m-instruct/small",
+        help="Draft model source; the head reads its last hidden state.",
+    ),
+    target_options: str = typer.Option("{}", help="Loader options of the target, as JSON (tiny models)."),
+    drafter_options: str = typer.Option("{}", help="Loader options of the drafter, as JSON (tiny models)."),
+    name: str = typer.Option("default", help="Head name: <cache>/specdecpp/<target>/<drafter>/<name>."),
+    data_dir: Path = typer.Option(
+        None,
+        "--data-dir",
+        envvar="SPECBENCH_DATA_DIR",
+        help="Offline data folder with gsm8k/train.jsonl, mmlu/dev.jsonl and alpaca_seed/train.jsonl.",
+    ),
+    prompts: int = typer.Option(800, min=2, help="Training + evaluation prompts (the data size)."),
+    max_new_tokens: int = typer.Option(128, min=1, help="Length cap of the target's responses."),
+    eval_fraction: float = typer.Option(0.1, min=0.0, max=0.5, help="Prompts held out for the eval metrics."),
+    mixing_ratio: float = typer.Option(
+        0.15, min=0.0, max=0.99, help="r: probability a position keeps the target's token (no loss there)."
+    ),
+    depth: int = typer.Option(3, min=0, help="Residual SiLU blocks of the head (0: one linear layer)."),
+    w_acc: float = typer.Option(1.0, min=0.0, help="BCE weight of acceptance."),
+    w_rej: float = typer.Option(6.0, min=0.0, help="BCE weight of rejection."),
+    epochs: float = typer.Option(3.0, min=0.01, help="Training epochs."),
+    batch_size: int = typer.Option(32, min=1, help="Sequences per optimiser step."),
+    lr: float = typer.Option(1e-3, min=0.0, help="Peak learning rate (Adam)."),
+    warmup_ratio: float = typer.Option(0.03, min=0.0, max=1.0, help="Linear warm-up share of the steps."),
+    seed: int = typer.Option(
+        42, help="Seed of the split, draft samples, mixing, initialisation and batches."
+    ),
+    dtype: str = typer.Option("float32", help="Model dtype: float32, float64, bfloat16 or float16."),
+    device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or mps."),
+    teacher_batch: int = typer.Option(8, min=1, help="Sequences per target / drafter forward pass."),
+):
+    """Train SpecDec++'s acceptance head for TARGET and DRAFTER (Sec. 3.3) and save it with a manifest.
+
+    The target's responses, the labels and the draft's hidden states are cached under the specbench
+    cache (SPECBENCH_CACHE), so re-training with other head settings skips every model pass.
+    """
+    import json
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from specbench import specdecpp
+
+    if data_dir is None:
+        raise SpecbenchError(
+            "--data-dir",
+            "no training data folder",
+            "pass --data-dir ../shared/data or set SPECBENCH_DATA_DIR",
+        )
+    if dtype not in ("float32", "float64", "bfloat16", "float16"):
+        raise SpecbenchError(
+            "--dtype", f"unknown dtype {dtype!r}", "use float32, float64, bfloat16 or float16"
+        )
+    config = specdecpp.TrainConfig(
+        target=target,
+        drafter=drafter,
+        target_options=_json_option("--target-options", target_options),
+        drafter_options=_json_option("--drafter-options", drafter_options),
+        name=name,
+        data_dir=str(Path(data_dir).resolve()),
+        prompts=prompts,
+        max_new_tokens=max_new_tokens,
+        eval_fraction=eval_fraction,
+        mixing_ratio=mixing_ratio,
+        depth=depth,
+        w_acc=w_acc,
+        w_rej=w_rej,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        warmup_ratio=warmup_ratio,
+        seed=seed,
+        teacher_batch=teacher_batch,
+        dtype=dtype,
+        device=device,
+    )
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn())
+    columns += (TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
+    with Progress(*columns, console=err) as progress:
+        folder = specdecpp.train(config, progress)
+    manifest = json.loads((folder / specdecpp.MANIFEST).read_text())
+    scores, constant = manifest["eval"], manifest["eval_constant_predictor"]
+    err.print(
+        f"{folder}: eval binary KL {scores['binary_kl']:.4f} "
+        f"(constant predictor {constant['binary_kl']:.4f}), "
+        f"accuracy {scores['accuracy']:.1%}, {scores['draft_tokens']} draft tokens, "
+        f"{manifest['seconds']['total']:.0f} s\nuse it in a recipe as  head: {manifest['reference']}"
+    )
 
 
 def _json_option(flag: str, value: str) -> dict:

@@ -348,9 +348,32 @@ class Paper:
         return bool(names) and all(name.startswith(self.target_names) for name in names)
 
 
+def spec_cascades_table2(runs: list[Run]) -> tuple[list[View], list[dict]]:
+    """Speculative Cascades Table 2 (latency ↓ at the large model's quality, best quality): curves.py."""
+    from specbench.curves import paper_table2
+
+    return paper_table2(runs)
+
+
+def specdecpp_table1(runs: list[Run]) -> tuple[list[View], list[dict]]:
+    """SpecDec++ Table 1 (throughput) and its forward-time fit: efficiency.py."""
+    from specbench.efficiency import paper_table1
+
+    return paper_table1(runs)
+
+
 PAPERS = {
     "cs-drafting-table2": Paper(table2, "google/flan-t5-xxl", ("flan-t5-xxl",)),
     "cs-drafting-table3": Paper(table3, "Vicuna-7B", ("vicuna-7b",)),
+    # the small model's own AR cell (its point on the curves) is part of the paper's setup too
+    "spec-cascades-table2": Paper(
+        spec_cascades_table2,
+        "T5 v1.1 large / XL (fine-tuned; T5 small drafts)",
+        ("t5-v1_1-large", "t5-v1_1-xl", "t5-v1_1-small", "t5-large", "t5-xl", "t5-small"),
+    ),
+    "specdecpp": Paper(
+        specdecpp_table1, "llama-2-chat 70B (7B drafts)", ("llama-2-70b-chat", "llama-2-7b-chat")
+    ),
 }
 
 
@@ -381,7 +404,8 @@ def render_paper(results: Path, paper: str, fmt: str = "table", console: Console
     for view in views:
         table = Table(title=view.title, title_justify="left")
         for column in view.rows[0]:
-            text = column in ("Dataset", "Algorithm", "{M_di}", "K00") or "setting" in column
+            labels = ("Dataset", "Algorithm", "{M_di}", "K00", "Run", "Method", "Setting", "paper row")
+            text = column in labels or "setting" in column
             table.add_column(column, justify="left" if text else "right")
         for row in view.rows:
             table.add_row(*(Text(value) for value in row.values()))  # Text: no markup in [[2,10],...]

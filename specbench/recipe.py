@@ -57,6 +57,9 @@ class ParamSpec:
     maximum: float | None = None  # inclusive
     choices: tuple | None = None
     validator: Callable[[Any], str | None] | None = None  # extra rule: None, or the fix for a bad value
+    # A parameter added after results were published: at its default it is left out of the cell
+    # fingerprint, so rows recorded before it existed still resume.
+    added_later: bool = False
 
 
 @dataclass(frozen=True)
@@ -159,8 +162,25 @@ METHODS: dict[str, MethodInfo] = {
     ),
     "hf_assisted": MethodInfo(
         True,
-        {"k": DRAFT_LENGTH},
-        "transformers generate(assistant_model=...), constant k",
+        {
+            "k": DRAFT_LENGTH,
+            "num_assistant_tokens_schedule": ParamSpec(
+                str,
+                "constant",
+                "constant: k drafts every step; heuristic(_transient): k + 2 after a full accept, else k - 1",
+                choices=("constant", "heuristic", "heuristic_transient"),
+                added_later=True,
+            ),
+            "assistant_confidence_threshold": ParamSpec(
+                float,
+                0.0,
+                "stop drafting when the assistant's top probability is below it; 0 = off",
+                0,
+                1,
+                added_later=True,
+            ),
+        },
+        "transformers generate(assistant_model=...): k drafts, or HF's adaptive schedule / confidence stop",
         neural_drafter_only=True,
     ),
     "hf_prompt_lookup": MethodInfo(
@@ -207,6 +227,228 @@ METHODS: dict[str, MethodInfo] = {
         check=_check_cascade,
     ),
 }
+
+
+def _specdecpp_head(value: str) -> str | None:
+    """The head's shape only (it is looked up when the cell runs: see specbench.specdecpp.resolve)."""
+    if value.startswith("specdecpp:"):
+        parts = value.removeprefix("specdecpp:").split("/")
+        if len(parts) in (2, 3) and all(parts):
+            return None
+        return "write specdecpp:<target>/<drafter>[/<name>], as `specbench specdecpp train` prints it"
+    return None if value.strip() else "name a head: specdecpp:<target>/<drafter>[/<name>] or a folder"
+
+
+def _check_specdecpp(
+    params: dict, spec: MethodSpec, generation: GenerationSpec
+) -> tuple[str, str, str] | None:
+    if params["head"] is None:
+        return (
+            "head",
+            "specdecpp needs head:, its trained acceptance prediction head",
+            "train one with `specbench specdecpp train --target T --drafter D` and set the head: it prints",
+        )
+    if params["min_length"] > params["max_length"]:
+        return (
+            "min_length",
+            f"min_length {params['min_length']} exceeds max_length {params['max_length']}",
+            "use min_length <= max_length (the paper's bounds are 2 and 20)",
+        )
+    return None
+
+
+def _check_oracle(params: dict, spec: MethodSpec, generation: GenerationSpec) -> tuple[str, str, str] | None:
+    if generation.temperature > 0:
+        return (
+            "method",
+            f"oracle_sd is Lemma 2.1's greedy oracle, but generation.temperature is {generation.temperature}",
+            "set generation.temperature: 0, or drop the oracle from this recipe",
+        )
+    return None
+
+
+METHODS["specdecpp"] = MethodInfo(
+    True,
+    {
+        "head": ParamSpec(
+            str,
+            None,
+            "acceptance head: specdecpp:<target>/<drafter>[/<name>] or a folder",
+            validator=_specdecpp_head,
+        ),
+        "threshold": ParamSpec(
+            float, 0.3, "stop when the predicted P(some candidate rejected) exceeds h", 0, 1
+        ),
+        "min_length": ParamSpec(int, 2, "fewest candidates per round (inclusive)", 1, 64),
+        "max_length": ParamSpec(int, 20, "most candidates per round (inclusive)", 1, 64),
+    },
+    "SpecDec++ (Huang et al. 2024): adaptive candidate length from a trained acceptance head",
+    neural_drafter_only=True,
+    check=_check_specdecpp,
+)
+METHODS["oracle_sd"] = MethodInfo(
+    True,
+    {},
+    "Lemma 2.1 of SpecDec++: greedy SD that stops each round right before the draft's first disagreement",
+    neural_drafter_only=True,
+    needs_reference=True,
+    check=_check_oracle,
+)
+
+
+# Speculative cascades (Narasimhan et al. 2025). The same names as specbench.decoding.deferral.RULES,
+# which is not imported here because it pulls in torch (tests/test_deferral.py keeps them equal).
+SPEC_CASCADE_RULES = ("sd", "lossy", "bild", "chow", "diff", "opt", "chow_log", "diff_log", "opt_log")
+SPEC_CASCADE_RULES += ("token_v1", "token_v2", "token")
+ORACLE_RULES = ("bild", "chow", "diff", "opt", "chow_log", "diff_log", "opt_log")  # the δ(q, p) rules
+CASCADE_ALPHA = ParamSpec(
+    float, 0.0, "cost α of deferring to the large model; higher: fewer deferrals (swept for the curves)", 0
+)
+DISCREPANCY = ParamSpec(
+    str,
+    "auto",
+    "BiLD's D(q, p): greedy -log p(argmax q), sampling -Σ q log p; auto: greedy at temperature 0",
+    choices=("auto", "greedy", "sampling"),
+)
+
+
+def _given(spec: MethodSpec) -> set[str]:
+    return spec.params.keys() | spec.grid.keys()
+
+
+def _check_rule_params(
+    params: dict, spec: MethodSpec, allowed: tuple[str, ...], rules: tuple[str, ...]
+) -> tuple[str, str, str] | None:
+    """The rule is given, takes every rule parameter the recipe sets, and α is in its range."""
+    from specbench.decoding.deferral import RULES  # torch: paid only by recipes with cascades
+
+    rule = params["rule"]
+    if rule is None:
+        return (
+            "rule",
+            f"{spec.method} needs rule:, its deferral rule",
+            f"add rule: with one of {', '.join(rules)}",
+        )
+    takes = RULES[rule].params
+    for name in sorted(_given(spec) & set(allowed) - set(takes)):
+        fix = f"remove {name} (rule {rule} takes {', '.join(takes) or 'no parameter'})"
+        if "rule" in spec.grid:
+            fix += ", or give rules with different parameters their own method entry"
+        return name, f"rule {rule!r} takes no parameter {name!r}", fix
+    alpha, alpha_max = params.get("alpha", 0.0), RULES[rule].alpha_max
+    if rule == "lossy" and alpha >= 1:
+        return "alpha", f"lossy SD needs α < 1 (it divides by 1 - α), got {alpha}", "use 0 <= alpha < 1"
+    if alpha_max is not None and alpha > alpha_max:
+        return (
+            "alpha",
+            f"rule {rule!r} thresholds a probability, so α = {alpha} > 1 never defers",
+            "use alpha <= 1",
+        )
+    return None
+
+
+def _check_spec_cascade(
+    params: dict, spec: MethodSpec, generation: GenerationSpec
+) -> tuple[str, str, str] | None:
+    problem = _check_rule_params(
+        params, spec, ("alpha", "beta", "tune_beta", "discrepancy"), SPEC_CASCADE_RULES
+    )
+    if problem or params["rule"] != "lossy":
+        return problem
+    if params["tune_beta"] and "beta" in _given(spec):
+        return (
+            "beta",
+            "beta is given, but tune_beta: true chooses β itself",
+            "remove beta, or set tune_beta: false",
+        )
+    if not params["tune_beta"] and params["beta"] < 1 - params["alpha"]:
+        return (
+            "beta",
+            f"lossy SD needs β >= 1 - α (Sec. 2), got β = {params['beta']} with α = {params['alpha']}",
+            f"use beta >= {1 - params['alpha']:g}, or tune_beta: true",
+        )
+    return None
+
+
+def _check_token_cascade(
+    params: dict, spec: MethodSpec, generation: GenerationSpec
+) -> tuple[str, str, str] | None:
+    return _check_rule_params(params, spec, ("alpha",), ("chow", "chow_log"))
+
+
+def _check_oracle_cascade(
+    params: dict, spec: MethodSpec, generation: GenerationSpec
+) -> tuple[str, str, str] | None:
+    return _check_rule_params(params, spec, ("alpha", "discrepancy"), ORACLE_RULES)
+
+
+METHODS["spec_cascade"] = MethodInfo(
+    True,
+    {
+        "rule": ParamSpec(
+            str,
+            None,
+            "deferral rule: sd, lossy, bild (BiLD*), chow, diff, opt, chow_log, diff_log, opt_log, "
+            "token_v1, token_v2, token (the paper's Token, Eq. 15)",
+            choices=SPEC_CASCADE_RULES,
+        ),
+        "alpha": CASCADE_ALPHA,
+        "beta": ParamSpec(float, 1.0, "lossy only: β >= 1 - α of the residual norm(max{0, p/β - q})", 0),
+        "tune_beta": ParamSpec(
+            bool, False, "lossy only: β per prefix from Tran-Thien's condition (App. E.6)"
+        ),
+        "discrepancy": DISCREPANCY,
+        "k": ParamSpec(
+            int, 5, "block size γ, draft tokens per verification (paper: 5 for T5, 1 for Gemma)", 1, 64
+        ),
+    },
+    "speculative cascade (Narasimhan et al. 2025, Algorithm 4): SD against π = T(q, p) of a deferral rule",
+    neural_drafter_only=True,
+    check=_check_spec_cascade,
+)
+METHODS["token_cascade"] = MethodInfo(
+    True,
+    {
+        "rule": ParamSpec(
+            str, "chow", "δ(q): chow (max q < 1 - α) or chow_log (entropy > α)", choices=("chow", "chow_log")
+        ),
+        "alpha": CASCADE_ALPHA,
+        "max_small_tokens": ParamSpec(
+            int, 10, "most drafter tokens in a row before the large model's (0: no cap)", 0
+        ),
+    },
+    "sequential token-level cascade (Algorithm 2): the drafter's confidence defers single tokens",
+    neural_drafter_only=True,
+    check=_check_token_cascade,
+)
+METHODS["seq_cascade"] = MethodInfo(
+    True,
+    {"alpha": ParamSpec(float, 0.0, "defer the whole response when q(response) < 1 - α", 0, 1)},
+    "sequence-level cascade, Chow's rule (Eq. 1): the drafter's response, or the target's when unsure",
+    neural_drafter_only=True,
+)
+METHODS["oracle_cascade"] = MethodInfo(
+    True,
+    {
+        "rule": ParamSpec(str, "diff", "δ(q, p), default diff (Eq. 5)", choices=ORACLE_RULES),
+        "alpha": CASCADE_ALPHA,
+        "discrepancy": DISCREPANCY,
+    },
+    "oracle token cascade (Algorithm 3): both models at every token, δ(q, p) picks the one that speaks",
+    neural_drafter_only=True,
+    check=_check_oracle_cascade,
+)
+METHODS["bild"] = MethodInfo(
+    True,
+    {
+        "alpha": ParamSpec(float, 1.0, "rollback threshold on D(q, p) (paper: 0 to 10)", 0),
+        "fallback_alpha": ParamSpec(float, 0.5, "the drafter drafts while max q >= 1 - fallback_alpha", 0, 1),
+        "k": ParamSpec(int, 10, "maximum draft window (App. E.5: 10)", 1, 64),
+        "discrepancy": DISCREPANCY,
+    },
+    "original Big Little Decoder (Kim et al. 2023): fallback window, deterministic rollback",
+    neural_drafter_only=True,
+)
 
 
 # -- the schema --------------------------------------------------------------------------------
@@ -295,6 +537,9 @@ class DatasetSpec(_Strict):
     every: int = Field(default=1, ge=1)  # every N-th example (a sample across a sorted set), then limit
     data_files: Path | None = Field(default=None, strict=False)
     chat_template: bool = True
+    # run the generated code against the task's tests (pass@1 of code tasks), in
+    # specbench.tasks.sandbox; off by default, and then those rows carry no pass@1
+    execute_code: bool = False
 
     @field_validator("data_files")
     @classmethod
@@ -427,7 +672,11 @@ class Cell:
         """Hash of everything that determines this cell's outputs, and of nothing else in the recipe."""
         payload = {
             "method": self.method,
-            "params": self.params,
+            "params": {
+                name: value
+                for name, value in self.params.items()
+                if not _omitted_default(METHODS[self.method].params.get(name), value)
+            },
             "target": recipe.models[self.target].model_dump(mode="json"),
             "drafter": recipe.models[self.drafter].model_dump(mode="json") if self.drafter else None,
             "generation": recipe.generation.model_dump(mode="json"),
@@ -439,6 +688,10 @@ class Cell:
             payload["replay"] = True
         canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _omitted_default(spec: ParamSpec | None, value: Any) -> bool:
+    return spec is not None and spec.added_later and value == spec.default
 
 
 def _compact(value: Any) -> Any:

@@ -53,6 +53,7 @@ class DatasetRun:
     task: object
     examples: list[Example]
     chat_template: bool
+    execute_code: bool = False  # the recipe's opt-in to run generated code (code tasks' pass@1)
 
 
 def _hash(*parts: str) -> str:
@@ -133,12 +134,19 @@ class Runner:
                 else None
             )
             data_files = str(spec.data_files) if spec.data_files else None
+            if spec.execute_code and not task.executes_code:
+                raise SpecbenchError(
+                    f"{self.recipe.path}: datasets[{i}].execute_code",
+                    f"task {spec.task} does not run generated code",
+                    "remove execute_code (it applies to code tasks such as humaneval and mbpp)",
+                )
             with self._blame(f"datasets[{i}]"):
                 if spec.every == 1:
                     examples = task.load(split=split, data_files=data_files, limit=limit)
                 else:
                     examples = task.load(split=split, data_files=data_files)[:: spec.every][:limit]
-            runs.append(DatasetRun(f"{spec.task}/{split}", task, examples, spec.chat_template))
+            label = f"{spec.task}/{split}"
+            runs.append(DatasetRun(label, task, examples, spec.chat_template, spec.execute_code))
         return runs
 
     # -- running ---------------------------------------------------------------------------
@@ -177,7 +185,10 @@ class Runner:
         return self.output_dir
 
     def _key(self, cell: Cell, dataset: DatasetRun, example: Example) -> str:
-        return _hash(cell.fingerprint(self.recipe), dataset.label, example.id, example.prompt)
+        parts = [cell.fingerprint(self.recipe), dataset.label, example.id, example.prompt]
+        if dataset.execute_code:  # rows graded by running code differ from ungraded ones
+            parts.append("execute_code")
+        return _hash(*parts)
 
     def rows(self, dataset: DatasetRun, cell: Cell) -> list[dict]:
         """The recorded rows of ``cell`` on the examples of ``dataset`` that have one, in example order."""
@@ -282,7 +293,7 @@ class Runner:
         self, dataset, cell, example, target, request: Request, generation, replay: ReplayTarget | None = None
     ) -> dict:
         text = target.tokenizer.decode(generation.tokens, skip_special_tokens=True)
-        quality = dataset.task.score(example, text)
+        quality = dataset.task.score(example, text, execute_code=dataset.execute_code)
         lossless = None
         if (
             self.recipe.lossless_check
@@ -314,6 +325,14 @@ class Runner:
             "first_divergence": lossless,
             "costs": self._costs(cell, target),
         }
+        # corpus metrics' sufficient statistics (BLEU), and why a metric is missing (unrun code);
+        # only the rows of tasks that have them carry these keys
+        statistics = dataset.task.corpus_statistics(example, text)
+        if statistics:
+            row["quality_statistics"] = statistics
+        skipped = dataset.task.skipped(dataset.execute_code)
+        if skipped:
+            row["quality_skipped"] = skipped
         if cell.drafters:  # cascades only, so the rows of other methods keep their shape
             row["drafters"] = list(cell.drafters)
             row["inner_steps"] = {

@@ -11,6 +11,7 @@ import pandas as pd
 
 from specbench.costs import swi
 from specbench.results import CELLS, write_atomic
+from specbench.tasks.metrics import corpus_score
 
 
 def summarise_cell(rows: list[dict]) -> dict:
@@ -77,6 +78,17 @@ def summarise_cell(rows: list[dict]) -> dict:
     metrics = sorted({m for r in rows for m in r["quality"]})
     for metric in metrics:
         out[f"quality_{metric}"] = _mean([r["quality"].get(metric, math.nan) for r in rows])
+        statistics = [
+            r["quality_statistics"][metric] for r in rows if metric in r.get("quality_statistics", {})
+        ]
+        if statistics and len(statistics) == len(rows):
+            # a corpus metric (BLEU): from the rows' summed sufficient statistics, not a mean of
+            # per-example scores; that mean stays visible as quality_<metric>_mean
+            out[f"quality_{metric}_mean"] = out[f"quality_{metric}"]
+            out[f"quality_{metric}"] = corpus_score(metric, statistics)
+    skipped = {m: why for r in rows for m, why in r.get("quality_skipped", {}).items()}
+    if skipped:  # metrics left out on purpose (e.g. pass@1 without execute_code), and why
+        out["quality_skipped"] = "; ".join(f"{m}: {why}" for m, why in sorted(skipped.items()))
     checked = [r["first_divergence"] for r in rows if r.get("first_divergence") is not None]
     out["lossless_checked"] = len(checked)
     out["lossless_identical"] = sum(1 for d in checked if d == -1)

@@ -251,6 +251,32 @@ def test_cli_report_paper_errors_are_one_line_exit_2(flan_run: Path, args: list[
     assert message in result.output and len(result.output.strip().splitlines()) == 1
 
 
+def test_report_help_names_every_paper_view():
+    from specbench.paper_tables import PAPERS
+
+    assert {"spec-cascades-table2", "specdecpp"} <= set(PAPERS)
+    result = runner.invoke(app, ["report", "--help"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0
+    assert all(name in result.output for name in PAPERS)
+
+
+def test_new_paper_views_on_a_run_without_their_cells_fail_in_one_line(tmp_path: Path):
+    """A CS Drafting run has no quality over α and no SD or SpecDec++ cells (more in tests/test_curves.py)."""
+    g = "gsm8k/test"
+    cells = [
+        _cell(g, "autoregressive", None, {}, 1.0, 1.0),
+        _cell(g, "cs_drafting", "base+small+mag", {"K": [[8, 13], [0, 1]], "lenience": 3.0}, 3.70, 3.20),
+    ]
+    run = _write_run(tmp_path / "cs", cells)
+    for paper, message in (
+        ("spec-cascades-table2", "no quality metric in these cells"),
+        ("specdecpp", "no speculative or specdecpp cells"),
+    ):
+        result = runner.invoke(app, ["report", str(run), "--paper", paper])
+        assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+        assert message in result.output
+
+
 # -- the recipes ------------------------------------------------------------------------------------
 
 

@@ -42,7 +42,22 @@ def example(task: str, reference: str) -> Example:
 
 
 def test_registry_names_and_unknown_task_lists_them():
-    assert set(TASKS) == {"alpaca", "arithmetic", "gsm8k", "mmlu", "spec_bench"}
+    assert set(TASKS) == {
+        "alpaca",
+        "arithmetic",
+        "gsm8k",
+        "mmlu",
+        "spec_bench",
+        "wmt14_en_de",
+        "xsum",
+        "cnn_dailymail",
+        "humaneval",
+        "mbpp",
+        "squad_v2",
+        "web_questions",
+        "natural_questions",
+        "trivia_qa",
+    }
     assert get_task("gsm8k").hub_id == "openai/gsm8k" and get_task("gsm8k").hub_config == "main"
     assert get_task("mmlu").hub_id == "cais/mmlu" and get_task("mmlu").hub_config == "all"
     assert get_task("arithmetic").hub_id is None

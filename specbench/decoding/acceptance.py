@@ -121,6 +121,18 @@ def speculative_accept(
     return Verdict(n, sample(residual, generator))
 
 
+def cascade_accept(
+    drafts: torch.Tensor, q: torch.Tensor | None, pi: torch.Tensor, generator: torch.Generator | None
+) -> Verdict:
+    """GenSpecSample's verification (Narasimhan et al. 2025, Algorithm 4) against a target π = T(q, p).
+
+    Accept x_i with probability min(1, π_i(x_i) / q_i(x_i)); at the first rejection draw from
+    norm(max(0, π_i − q_i)); if all k are accepted draw the bonus token from π_{k+1}. It is
+    speculative sampling with p replaced by π: ``speculative_accept`` is the case π = p.
+    """
+    return speculative_accept(drafts, q, pi, generator)
+
+
 def exact_rule(greedy: bool, lenience: float = 1.0) -> AcceptanceRule:
     """The lossless rule for greedy or sampled decoding (lenience l_cs >= 1 loosens it)."""
     if greedy:

@@ -72,8 +72,19 @@ def generate(
     k: int = 4,
     prompt_lookup: bool = False,
     max_ngram: int = 2,
+    schedule: str = "constant",
+    confidence_threshold: float = 0.0,
 ) -> Generation:
-    """HF ``generate`` (plain, assisted by ``assistant`` with draft length k, or prompt lookup)."""
+    """HF ``generate`` (plain, assisted by ``assistant`` with draft length k, or prompt lookup).
+
+    Assisted generation's own adaptive draft lengths (the SpecDec++ paper's HF baselines):
+    ``schedule`` is ``num_assistant_tokens_schedule`` — ``constant`` (k every step), ``heuristic``
+    (k + 2 after a fully accepted draft, k - 1 otherwise, carried across requests on the assistant's
+    config in HF; here it restarts at k every request) or ``heuristic_transient`` (restarts at k);
+    ``confidence_threshold`` is ``assistant_confidence_threshold`` — the assistant stops drafting when
+    its top token's probability falls below it (0 = off; with scikit-learn installed HF also re-tunes
+    it during the request from an ROC curve of the assistant's confidences).
+    """
     if assistant is not None and prompt_lookup:
         raise ValueError("pass either an assistant or prompt_lookup=True, not both")
     if assistant is not None and assistant.model is target.model:
@@ -117,7 +128,7 @@ def generate(
         if generator is not None and not sampling.greedy:
             stack.enter_context(_seeded_from(generator, target.device))  # HF samples from the global RNG
         if assistant is not None:
-            stack.enter_context(_assistant_settings(assistant, k, eos))
+            stack.enter_context(_assistant_settings(assistant, k, eos, schedule, confidence_threshold))
         watch = Stopwatch(target.device)
         stack.enter_context(_counted(target, calls, watch))
         if assistant is not None:
@@ -203,9 +214,11 @@ def _counted(model: HFModel, calls: list | None = None, watch: Stopwatch | None 
 
 
 @contextmanager
-def _assistant_settings(assistant: HFModel, k: int, eos: list[int]):
-    """Exactly k drafts per step (no heuristic schedule; a confidence threshold of 0 turns the early
-    stop off), and the caller's EOS and pad ids.
+def _assistant_settings(
+    assistant: HFModel, k: int, eos: list[int], schedule: str = "constant", confidence_threshold: float = 0.0
+):
+    """By default exactly k drafts per step (no heuristic schedule; a confidence threshold of 0 turns
+    the early stop off), and the caller's EOS and pad ids.
 
     The assistant's nested ``generate`` fills ids left unset from the assistant's own config, and with a
     pad id that is not an EOS it masks every occurrence of that token in its input as padding.
@@ -213,8 +226,8 @@ def _assistant_settings(assistant: HFModel, k: int, eos: list[int]):
     config = assistant.model.generation_config
     saved = {name: getattr(config, name, None) for name in _ASSISTANT_FIELDS}
     config.num_assistant_tokens = k
-    config.num_assistant_tokens_schedule = "constant"
-    config.assistant_confidence_threshold = 0.0
+    config.num_assistant_tokens_schedule = schedule
+    config.assistant_confidence_threshold = confidence_threshold
     config.eos_token_id = eos or None
     config.pad_token_id = eos[0] if eos else None
     try:

@@ -4,6 +4,10 @@ Decoder-only models keep the prompt in front of the generation; encoder-decoder 
 encode the prompt once per request and decode from the decoder start token. The KV cache holds
 exactly ``self._cached`` positions of (prompt + generation); ``score`` feeds only the positions
 the cache lacks and crops whatever it holds past the committed prefix.
+
+Opt-in ``keep_hidden = True`` (SpecDec++'s acceptance head reads the draft's last hidden state):
+``score`` then also stores the final-layer hidden state of the last fed position in
+``last_hidden`` (``[hidden]``), from the same forward pass; the default path is unchanged.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ class HFModel:
         self._encoder_outputs = None
         self._cache = None
         self._cached = 0
+        self.keep_hidden = False
+        self.last_hidden: torch.Tensor | None = None
 
     def eos_token_ids(self) -> list[int]:
         """Every id that ends a generation: the generation config's and the tokenizer's EOS."""
@@ -87,8 +93,14 @@ class HFModel:
             kwargs["decoder_input_ids"] = new[None]
         else:
             kwargs["input_ids"] = new[None]
+        if self.keep_hidden:
+            kwargs["output_hidden_states"] = True
         started = self.counter.begin(self.device)
-        logits = self.model(**kwargs).logits[0, -(n_candidates + 1) :]
+        output = self.model(**kwargs)
+        logits = output.logits[0, -(n_candidates + 1) :]
         self.counter.end(started, new.shape[0], self.device)
+        if self.keep_hidden:
+            states = output.decoder_hidden_states if self.is_encoder_decoder else output.hidden_states
+            self.last_hidden = states[-1][0, -1]
         self._cached = total
         return logits

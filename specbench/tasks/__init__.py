@@ -6,11 +6,33 @@ from specbench.errors import SpecbenchError
 from specbench.tasks.alpaca import ALPACA
 from specbench.tasks.arithmetic import ARITHMETIC
 from specbench.tasks.base import Example, Task, render_prompt
+from specbench.tasks.cnn_dailymail import CNN_DAILYMAIL
 from specbench.tasks.gsm8k import GSM8K
+from specbench.tasks.humaneval import HUMANEVAL
+from specbench.tasks.mbpp import MBPP
 from specbench.tasks.mmlu import MMLU
+from specbench.tasks.natural_questions import NATURAL_QUESTIONS
 from specbench.tasks.spec_bench import SPEC_BENCH
+from specbench.tasks.squad_v2 import SQUAD_V2
+from specbench.tasks.trivia_qa import TRIVIA_QA
+from specbench.tasks.web_questions import WEB_QUESTIONS
+from specbench.tasks.wmt14_en_de import WMT14_EN_DE
+from specbench.tasks.xsum import XSUM
 
 TASKS: dict[str, Task] = {task.name: task for task in (ALPACA, ARITHMETIC, GSM8K, MMLU, SPEC_BENCH)}
+# the quality tasks of the speculative cascades and SpecDec++ papers
+QUALITY_TASKS = (
+    CNN_DAILYMAIL,
+    HUMANEVAL,
+    MBPP,
+    NATURAL_QUESTIONS,
+    SQUAD_V2,
+    TRIVIA_QA,
+    WEB_QUESTIONS,
+    WMT14_EN_DE,
+    XSUM,
+)
+TASKS.update({task.name: task for task in QUALITY_TASKS})
 
 
 def get_task(name: str) -> Task:

@@ -20,7 +20,8 @@ from specbench.errors import SpecbenchError
 class Example:
     id: str  # stable: the row's own id field, else "<task>/<split>/<row index>"
     prompt: str  # the paper's template filled in, before any chat template
-    reference: str  # the gold answer the scorer compares against
+    reference: str  # the gold answer the scorer compares against (code tasks: the test program)
+    answers: tuple[str, ...] = ()  # every gold answer, when there are several (QA); () for none
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,16 @@ class Task:
     metric: str | None  # None: no quality metric (prompt sets used for speed only)
     fields: tuple[str, ...]  # the Hub-schema fields every row must have
     build: Callable[[dict, str], Example]  # (row, fallback id) -> Example
-    grade: Callable[[Example, str], float]  # (example, output text) -> metric value
+    # (example, output text) -> the metric's value, or {metric: value} for tasks with several metrics
+    grade: Callable[[Example, str], float | dict[str, float]]
     embedded: str | None = None  # a JSONL file shipped in specbench/data
     # folders under $SPECBENCH_DATA_DIR to look in, in order (default: the task's name)
     local_dirs: tuple[str, ...] = ()
+    metrics: tuple[str, ...] = ()  # every metric a dict-returning grade reports (default: (metric,))
+    # corpus metrics (specbench.tasks.metrics.CORPUS_METRICS): per-row sufficient statistics, summed
+    # over a cell's rows by specbench.summary, e.g. {"bleu": [lengths, n-gram counts]}
+    statistics: Callable[[Example, str], dict[str, list[float]]] | None = None
+    executes_code: bool = False  # grade runs generated code: only when the dataset sets execute_code
 
     def load(
         self, split: str | None = None, data_files: str | None = None, limit: int | None = None
@@ -59,8 +66,23 @@ class Task:
             examples.append(self.build(row, f"{self.name}/{split}/{index}"))
         return examples
 
-    def score(self, example: Example, output_text: str) -> dict[str, float]:
-        return {self.metric: self.grade(example, output_text)} if self.metric else {}
+    def score(self, example: Example, output_text: str, execute_code: bool = False) -> dict[str, float]:
+        """Every metric's value on one output; {} for speed-only tasks and for unrun code (see
+        :meth:`skipped`)."""
+        if not self.metric or (self.executes_code and not execute_code):
+            return {}
+        value = self.grade(example, output_text)
+        return dict(value) if isinstance(value, dict) else {self.metric: value}
+
+    def skipped(self, execute_code: bool = False) -> dict[str, str]:
+        """{metric: why} for metrics :meth:`score` leaves out on purpose, so a report can say why."""
+        if self.executes_code and not execute_code:
+            why = "not computed: generated code runs only when the recipe's dataset sets execute_code: true"
+            return {metric: why for metric in self.metrics or (self.metric,)}
+        return {}
+
+    def corpus_statistics(self, example: Example, output_text: str) -> dict[str, list[float]]:
+        return self.statistics(example, output_text) if self.statistics else {}
 
     def _rows(self, split: str, data_files: str | None):
         if data_files:

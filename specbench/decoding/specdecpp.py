@@ -1,0 +1,208 @@
+"""SpecDec++ (Huang et al. 2024): adaptive candidate lengths from a trained acceptance head.
+
+The acceptance prediction head reads the draft model's final hidden state of a candidate token Y_i
+(fed with its prefix, Eq. 3.1) and predicts the probability p̂_i that the target accepts Y_i. A
+speculation round stops when the predicted probability that at least one candidate is rejected,
+``1 - Π_i p̂_i``, exceeds the threshold h (Algorithm 2; Theorem 3.1 motivates the threshold policy),
+or when the round holds ``max_length`` candidates. The round is then verified by the unchanged
+speculative-decoding loop (:mod:`specbench.decoding.speculative`): the length decision depends on the
+draft side only, so verification stays lossless, greedy or sampled.
+
+Timing follows the authors' release (``specdec_pp/hf_generation.py``): the draft pass that feeds
+candidate Y_i yields both p̂_i (from its hidden state) and q_{i+1}; Y_{i+1} is always sampled from
+it, and *then* the rule ``1 - Π_{j<=i} p̂_j > h`` decides whether to stop. So a round of n candidates
+costs n draft passes and the last candidate comes for free with the pass that decided to stop. The
+bounds [min_length, max_length] count candidates and are inclusive: no stop before ``min_length``
+candidates, always a stop at ``max_length`` (the release's ``--bound 2 20``). A candidate that is an
+EOS token also ends the round (the paper's MDP, footnote 1).
+
+Host-device syncs: one per drafted token from ``min_length`` on (or every token when an EOS set is
+given), reading the stop decision ``(1 - Π p̂ > h) | (Y is EOS)`` as a Python bool; it is the only one.
+The product, the head and the sampling stay on the device.
+
+The greedy oracle of Lemma 2.1 (:class:`OracleDrafter`) drafts exactly the draft model's greedy tokens
+that agree with the target's greedy output, stopping right before the first disagreement.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specbench.decoding.sampling import SamplingParams
+from specbench.models.base import Draft, ModelDrafter
+from specbench.models.hf import HFModel
+
+
+class ResBlock(nn.Module):
+    """x + SiLU(W x + b): one residual block of the head."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + nn.functional.silu(self.linear(x))
+
+
+class AcceptanceHead(nn.Module):
+    """A D-layer ResNet with SiLU activations and a linear read-out (D = 0: one linear layer).
+
+    ``forward`` returns the acceptance logit; ``probability`` its sigmoid, the predicted p̂ of Eq. 3.1.
+    Unlike the release (which repeats one ``ResBlock`` object D times, sharing its weights), each
+    block here has its own weights.
+    """
+
+    def __init__(self, hidden_size: int, depth: int = 3):
+        super().__init__()
+        self.hidden_size, self.depth = hidden_size, depth
+        self.blocks = nn.Sequential(*(ResBlock(hidden_size) for _ in range(depth)))
+        self.out = nn.Linear(hidden_size, 1)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.out(self.blocks(hidden)).squeeze(-1)
+
+    def probability(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.forward(hidden.to(self.out.weight.dtype)))
+
+
+class SpecDecPPDrafter:
+    """The draft model plus its acceptance head, stopping each round by Algorithm 2's threshold rule.
+
+    Run it through ``speculative.generate`` with ``k = max_length``.
+    """
+
+    def __init__(
+        self,
+        model: HFModel,
+        head: AcceptanceHead,
+        *,
+        threshold: float,
+        min_length: int = 2,
+        eos_token_id: list[int] | None = None,
+    ):
+        if head.hidden_size != model.model.config.get_text_config().hidden_size:
+            raise ValueError(
+                f"the acceptance head reads {head.hidden_size}-wide hidden states, but {model.name}'s are "
+                f"{model.model.config.get_text_config().hidden_size}-wide"
+            )
+        self.model, self.head = model, head
+        self.threshold, self.min_length = threshold, min_length
+        self.name = model.name
+        self.counter = model.counter
+        self.num_parameters = model.num_parameters + sum(p.numel() for p in head.parameters())
+        self._eos = None
+        if eos_token_id:
+            self._eos = torch.tensor(sorted(eos_token_id), dtype=torch.long, device=model.device)
+        model.keep_hidden = True  # the head reads the hidden state of the pass score() already makes
+
+    def start(self, prompt_ids: torch.Tensor) -> None:
+        self.model.start(prompt_ids)
+
+    def rollback(self, n_tokens: int) -> None:
+        self.model.rollback(n_tokens)
+
+    @torch.inference_mode()
+    def acceptance(self) -> torch.Tensor:
+        """p̂ of the last token the draft model was fed (0-d tensor, on the device)."""
+        return self.head.probability(self.model.last_hidden)
+
+    @torch.inference_mode()
+    def propose(
+        self, tokens: torch.Tensor, k: int, sampling: SamplingParams, generator: torch.Generator | None
+    ) -> Draft:
+        generated = tokens.shape[0]
+        context = torch.empty(generated + k, dtype=torch.long, device=tokens.device)
+        context[:generated] = tokens
+        rows = []
+        all_accepted = None  # Π_{j<=i} p̂_j over the candidates fed so far
+        n = 0
+        for i in range(k):
+            logits = self.model.score(context[: generated + i], 0)[-1]
+            if i > 0:  # this pass fed candidate Y_i: its hidden state gives p̂_i
+                p_hat = self.acceptance()
+                all_accepted = p_hat if all_accepted is None else all_accepted * p_hat
+            q = sampling.probs(logits)
+            token = sampling.choose(q, logits, generator)
+            context[generated + i] = token
+            rows.append(q)
+            n = i + 1
+            if n >= k:
+                break
+            stop = None
+            if n >= self.min_length and all_accepted is not None:
+                stop = (1 - all_accepted) > self.threshold
+            if self._eos is not None:
+                is_eos = (self._eos == token).any()
+                stop = is_eos if stop is None else stop | is_eos
+            if stop is not None and bool(stop):  # the loop's one host sync: stop or draft on
+                break
+        return Draft(context[generated : generated + n], torch.stack(rows))
+
+
+def should_stop(predicted: list[float], threshold: float, min_length: int, max_length: int) -> int:
+    """The round length Algorithm 2 (release timing) gives for per-candidate predictions p̂_1, p̂_2, ...
+
+    A plain-Python mirror of :meth:`SpecDecPPDrafter.propose`'s rule (no EOS), for reading and tests:
+    after drafting candidate n, stop if n == max_length, or n >= min_length and 1 - Π_{j<n} p̂_j > h.
+    """
+    product = 1.0
+    for n in range(1, max_length + 1):
+        if n >= 2:
+            product *= predicted[n - 2]
+        if n == max_length or (n >= min_length and n >= 2 and 1 - product > threshold):
+            return n
+    return max_length
+
+
+class OracleDrafter:
+    """Lemma 2.1's oracle for greedy decoding: draft exactly up to the first disagreement.
+
+    ``reference`` is the target's greedy output. Before decoding, one teacher-forced draft pass over
+    prompt + reference finds where the draft's greedy token differs from the target's (the set D of
+    Lemma 2.1); that hindsight pass is not counted (the counters reset when decoding starts). Each
+    round then runs the draft model greedily for exactly the agreement length from the committed
+    position (those passes are counted, like any drafter's), so the round's candidates are all
+    accepted and the target supplies the disagreeing token itself. The pass that would produce the
+    first disagreeing draft token is never run: the oracle knows it in hindsight.
+    """
+
+    def __init__(self, model: HFModel, prompt_ids: torch.Tensor, reference: list[int]):
+        self.inner = ModelDrafter(model)
+        self.name, self.counter = model.name, model.counter
+        self.num_parameters = model.num_parameters
+        self.agreement = agreement_lengths(model, prompt_ids, reference)
+        self.lengths: list[int] = []  # draft length of each round (tests)
+
+    def start(self, prompt_ids: torch.Tensor) -> None:
+        self.inner.start(prompt_ids)
+
+    def rollback(self, n_tokens: int) -> None:
+        self.inner.rollback(n_tokens)
+
+    def propose(
+        self, tokens: torch.Tensor, k: int, sampling: SamplingParams, generator: torch.Generator | None
+    ) -> Draft:
+        g = tokens.shape[0]
+        length = min(k, self.agreement[g]) if g < len(self.agreement) else 0
+        self.lengths.append(length)
+        if length == 0:
+            return Draft(tokens[:0], None)
+        return self.inner.propose(tokens, length, sampling, generator)
+
+
+@torch.inference_mode()
+def agreement_lengths(model: HFModel, prompt_ids: torch.Tensor, reference: list[int]) -> list[int]:
+    """For each position t of ``reference``, how many tokens from t on the draft's greedy choice (given
+    the prompt and reference[:t]) matches the reference: Lemma 2.1's distance to the next disagreement."""
+    m = len(reference)
+    if m == 0:
+        return []
+    ref = torch.tensor(reference, dtype=torch.long, device=model.device)
+    model.start(prompt_ids)
+    logits = model.score(ref, m)  # [m + 1, V]: after the prompt, then after each reference token
+    agree = (logits[:m].argmax(-1) == ref).tolist()
+    lengths = [0] * (m + 1)
+    for t in range(m - 1, -1, -1):
+        lengths[t] = lengths[t + 1] + 1 if agree[t] else 0
+    return lengths[:m]

@@ -1,0 +1,381 @@
+"""Quality-vs-latency curves and Table 2 of Speculative Cascades (curves.py); discard and
+verification rates, the forward-time regression and Table 1 of SpecDec++ (efficiency.py). Every run
+here is synthetic: example rows in the runner's schema, summarised by summary.py as a real run is."""
+
+from __future__ import annotations
+
+import json
+import math
+from io import StringIO
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from specbench.cli import app
+from specbench.curves import (
+    curve_points,
+    latency_to_match,
+    pareto_frontier,
+    quality_at_latency,
+    run_points,
+    spec_cascades_reference,
+    table2_metrics,
+)
+from specbench.efficiency import (
+    discard_verification_rates,
+    fit_forward_times,
+    rates_frontier,
+    rates_table,
+    regression_table,
+    specdecpp_reference,
+    time_per_token,
+)
+from specbench.errors import SpecbenchError
+from specbench.paper_tables import render_paper
+from specbench.summary import write_cells_csv
+
+runner = CliRunner()
+DATASET = "arithmetic/test"
+
+
+def _row(
+    method_name, method, params, target, drafter, *, n_tokens, walltime, steps, passes, quality, **extra
+):
+    """One examples.jsonl row; ``passes`` = {model: forward passes}."""
+    cell = f"{method_name}{json.dumps(params, sort_keys=True, separators=(',', ':'))}"
+    return {
+        "key": f"{cell}/{extra.pop('example', 0)}",
+        "dataset": DATASET,
+        "cell": cell,
+        "method_name": method_name,
+        "method": method,
+        "params": params,
+        "target": target,
+        "drafter": drafter,
+        "n_tokens": n_tokens,
+        "walltime": walltime,
+        "ttft": 0.01,
+        "forwards": {
+            m: {"forward_passes": n, "tokens_scored": n, "seconds": 1e-3 * n} for m, n in passes.items()
+        },
+        "steps": steps,
+        "accepted_by_position": [
+            [sum(d >= i for d, _ in steps), sum(a >= i for _, a in steps)]
+            for i in range(1, max((d for d, _ in steps), default=0) + 1)
+        ],
+        "quality": {"accuracy": quality},
+        "costs": {"ms": {"large": 1.0, "small": 0.1}, "pw": {"large": 1.0, "small": 0.1}},
+        **extra,
+    }
+
+
+def _write(run_dir: Path, rows: list[dict], parameters: dict | None = None) -> Path:
+    run_dir.mkdir(parents=True)
+    (run_dir / "examples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_cells_csv(run_dir, rows)
+    models = parameters or {"large": ("t5-v1_1-large", 800_000_000), "small": ("t5-v1_1-small", 80_000_000)}
+    recipe = {"name": "synthetic", "models": {n: {"source": s} for n, (s, _) in models.items()}}
+    (run_dir / "resolved_recipe.yaml").write_text(yaml.safe_dump(recipe))
+    environment = {"models": {n: {"source": s, "parameters": p} for n, (s, p) in models.items()}}
+    (run_dir / "environment.json").write_text(json.dumps(environment))
+    return run_dir
+
+
+# -- Speculative Cascades --------------------------------------------------------------------------
+
+# (α, relative latency L, accuracy) of one spec_cascade curve; (0.4, ...) is dominated by α = 0.3.
+# The large model has accuracy 0.6 at L = 1 (10 tokens/s); the small one 0.3 at 40 tokens/s.
+CURVE = [(0.1, 0.5, 0.4), (0.2, 0.7, 0.55), (0.4, 0.8, 0.5), (0.6, 0.9, 0.65), (0.8, 1.2, 0.7)]
+
+
+def _cascade_rows(with_ar: bool = True) -> list[dict]:
+    rows = []
+    for example in range(2):  # two examples per cell, identical: means equal the per-example values
+        if with_ar:
+            rows.append(
+                _row("ar-large", "autoregressive", {}, "large", None, n_tokens=100, walltime=10.0,
+                     steps=[[0, 0]] * 100, passes={"large": 100}, quality=0.6, example=example)
+            )  # fmt: skip
+            rows.append(
+                _row("ar-small", "autoregressive", {}, "small", None, n_tokens=100, walltime=2.5,
+                     steps=[[0, 0]] * 100, passes={"small": 100}, quality=0.3, example=example)
+            )  # fmt: skip
+        for alpha, latency, accuracy in CURVE:
+            # 100 tokens in 10·L seconds (L = AR tokens/s over ours) and 100·L target passes (SWI = 1/L)
+            rows.append(
+                _row("sc-token", "spec_cascade", {"rule": "token", "alpha": alpha}, "large", "small",
+                     n_tokens=100, walltime=10.0 * latency, steps=[[5, 4]] * 20,
+                     passes={"large": round(100 * latency), "small": 0}, quality=accuracy,
+                     deferrals=round(50 * latency), example=example)
+            )  # fmt: skip
+        rows.append(
+            _row("seq-chow", "seq_cascade", {"alpha": 0.5}, "large", "small", n_tokens=100, walltime=30.0,
+                 steps=[], passes={"large": 300, "small": 0}, quality=0.5, deferrals=30, example=example)
+        )  # fmt: skip
+    return rows
+
+
+@pytest.fixture
+def cascade_run(tmp_path: Path) -> Path:
+    return _write(tmp_path / "cascades", _cascade_rows())
+
+
+def test_pareto_frontier_keeps_only_undominated_points_sorted_by_latency():
+    latency = [0.9, 0.5, 0.8, 0.7, 1.2, math.nan, 0.7]
+    quality = [0.65, 0.4, 0.5, 0.55, 0.7, 0.9, 0.50]
+    assert pareto_frontier(latency, quality) == [1, 3, 0, 4]  # 0.8/0.5 and the tie 0.7/0.50 lose
+
+
+def test_table2_metric_interpolates_along_the_frontier_on_a_known_curve():
+    x, y = [0.5, 0.7, 0.9, 1.2], [0.4, 0.55, 0.65, 0.7]
+    # quality 0.6 is reached halfway between L = 0.7 (0.55) and 0.9 (0.65): L = 0.8, 1.25x faster
+    assert latency_to_match(x, y, 0.6) == pytest.approx(0.8)
+    # at L = 1, a third of the way from 0.9 (0.65) to 1.2 (0.7)
+    assert quality_at_latency(x, y, 1.0) == pytest.approx(0.65 + 0.05 / 3)
+    assert math.isnan(latency_to_match(x, y, 0.8))  # never as good as the large model
+    assert latency_to_match(x, y, 0.3) == 0.5  # its fastest point already beats it: read there
+    assert math.isnan(quality_at_latency([1.1, 1.3], [0.7, 0.8], 1.0))  # always slower
+    assert quality_at_latency([0.5, 0.8], [0.4, 0.6], 1.0) == 0.6  # the curve ends before L = 1
+
+
+def test_curves_of_a_run_measure_latency_against_the_targets_ar_cell(cascade_run: Path):
+    points = run_points(cascade_run)
+    sc = points[points["curve"] == "sc-token"].set_index("alpha")
+    assert sc.loc[0.6, "relative_latency_walltime"] == pytest.approx(0.9)
+    assert sc.loc[0.6, "relative_latency_swi"] == pytest.approx(0.9)
+    assert sc.loc[0.6, "deferral_rate"] == pytest.approx(0.45)
+    assert sc.loc[0.6, "rejection_rate"] == pytest.approx(20 / 100)  # 20 steps, each rejected one
+    assert sc.loc[0.6, "quality"] == 0.65 and sc.loc[0.6, "metric"] == "accuracy"
+    assert list(sc["frontier_walltime"]) == [True, True, False, True, True]
+    small = points[points["role"] == "small"].iloc[0]
+    assert small["relative_latency_walltime"] == pytest.approx(0.25)  # 40 tokens/s against 10
+    assert small["relative_latency_swi"] == pytest.approx(0.1)  # the MS cost of the small model
+    assert small["quality"] == 0.3
+    metrics = table2_metrics(points).set_index("curve")
+    for axis in ("walltime", "swi"):
+        assert metrics.loc["sc-token", f"latency_reduction_{axis}"] == pytest.approx(1.25)
+        assert metrics.loc["sc-token", f"best_quality_{axis}"] == pytest.approx(0.65 + 0.05 / 3)
+    assert math.isnan(metrics.loc["seq-chow", "latency_reduction_walltime"])  # 0.5 < 0.6, never matches
+    assert math.isnan(metrics.loc["seq-chow", "best_quality_walltime"])  # 3x slower than the large model
+
+
+def test_curves_split_a_method_entry_by_its_non_alpha_parameters():
+    cells = pd.DataFrame(
+        [
+            {"dataset": "d", "cell": "ar", "method_name": "ar", "method": "autoregressive", "target": "L",
+             "drafter": None, "params": "{}", "tokens_per_s": 10.0, "swi_ms": 1.0, "quality_accuracy": 0.5},
+            *[
+                {"dataset": "d", "cell": f"sc{rule}{a}", "method_name": "sc", "method": "spec_cascade",
+                 "target": "L", "drafter": "S", "params": json.dumps({"rule": rule, "alpha": a}),
+                 "tokens_per_s": 20.0, "swi_ms": 2.0, "quality_accuracy": a}
+                for rule in ("chow", "opt")
+                for a in (0.2, 0.4)
+            ],
+        ]
+    )  # fmt: skip
+    points = curve_points(cells)
+    assert set(points.loc[points["role"] == "method", "curve"]) == {"sc [rule=chow]", "sc [rule=opt]"}
+    assert points.loc[points["role"] == "method", "alpha"].tolist() == [0.2, 0.4, 0.2, 0.4]
+
+
+def test_cli_plot_curves_writes_the_csvs_and_nonempty_pngs(cascade_run: Path):
+    result = runner.invoke(app, ["plot", str(cascade_run), "--figure", "curves"])
+    assert result.exit_code == 0, result.output
+    curves = pd.read_csv(cascade_run / "curves.csv")
+    assert {"quality", "relative_latency_walltime", "relative_latency_swi", "deferral_rate"} <= set(curves)
+    assert set(curves["role"]) == {"method", "large", "small"}
+    table = pd.read_csv(cascade_run / "cascades_table2.csv")
+    assert table.set_index("curve").loc["sc-token", "latency_reduction_walltime"] == pytest.approx(1.25)
+    for axis in ("walltime", "swi", "deferral"):
+        png = cascade_run / f"pareto_{axis}.png"
+        assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
+
+
+def test_curves_need_an_ar_cell_of_the_target(tmp_path: Path):
+    run = _write(tmp_path / "no-ar", _cascade_rows(with_ar=False))
+    with pytest.raises(SpecbenchError, match="no cell here has an autoregressive cell of its target"):
+        run_points(run)
+    result = runner.invoke(app, ["plot", str(run), "--figure", "curves"])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert "add `method: autoregressive`" in result.output
+
+
+def test_cli_plot_all_writes_what_applies_and_says_what_it_skipped(cascade_run: Path):
+    result = runner.invoke(app, ["plot", str(cascade_run), "--figure", "all"])
+    assert result.exit_code == 0, result.output
+    assert (cascade_run / "acceptance_by_position.png").is_file() and (cascade_run / "curves.csv").is_file()
+    assert "skipped specdecpp" in result.output and not (cascade_run / "specdecpp_rates.csv").exists()
+
+
+def test_cli_plot_rejects_an_unknown_figure(cascade_run: Path):
+    result = runner.invoke(app, ["plot", str(cascade_run), "--figure", "pareto"])
+    assert result.exit_code == 2 and "--figure: unknown figure 'pareto'" in result.output
+
+
+def test_spec_cascades_reference_holds_the_two_rows_of_table2_exactly():
+    table = spec_cascades_reference()["table2"]
+    rows = {r["method"]: r for r in table["rows"]}
+    assert list(rows) == ["SeqCascade [Chow]", "TokenCascade [Chow]"]
+    assert rows["SeqCascade [Chow]"]["latency_reduction"] == [1.55, 0.84, 0.98, 2.46, 0.93, 0.94]
+    assert rows["TokenCascade [Chow]"]["best_quality"] == [16.52, 13.30, 10.36, 16.65, 17.09, 11.44]
+    assert len(table["columns"]) == 6 and "not invented" in table["note"]
+    # a run on one of the paper's datasets is shown that dataset's paper values, both model pairs
+    from specbench.curves import _paper
+
+    ref = spec_cascades_reference()
+    seq = rows["SeqCascade [Chow]"]
+    assert _paper(seq, "latency_reduction", "xsum/validation", ref) == "Small→Large 0.84 / Small→XL 0.93"
+    assert _paper(seq, "best_quality", "wmt14_en_de/test", ref) == "Small→Large 16.56 / Small→XL 16.29"
+
+
+def test_report_paper_spec_cascades_prints_ours_beside_the_papers(cascade_run: Path):
+    text = render_paper(cascade_run, "spec-cascades-table2", "markdown")
+    assert "1.55×" in text and "16.56" in text  # the paper's SeqCascade row
+    assert (
+        "| sc-token | SpecCascade [Token] | accuracy | 0.60 | 1.25× | 1.25× | — | 0.67 | 0.67 | — | 5 |"
+        in text
+    )
+    assert "| seq-chow | SeqCascade [Chow] |" in text and "1.55/0.84/0.98" in text
+    assert "large = t5-v1_1-large" in text and "Not the paper's models" not in text
+    frame = pd.read_csv(StringIO(render_paper(cascade_run, "spec-cascades-table2", "csv")))
+    hit = frame[(frame["method"] == "sc-token") & (frame["metric"] == "latency_reduction_walltime")]
+    assert hit["ours"].item() == pytest.approx(1.25)
+    result = runner.invoke(app, ["report", str(cascade_run), "--paper", "spec-cascades-table2"])
+    assert result.exit_code == 0, result.output
+    assert "Speculative Cascades Table 2" in result.output and "0.84×" in result.output
+
+
+# -- SpecDec++ -------------------------------------------------------------------------------------
+
+T_DRAFT, T_TARGET = 0.02, 0.1
+
+
+def _sd_rows(rng: np.random.Generator, noise: float = 0.0, examples: int = 6) -> list[dict]:
+    """speculative (k = 2, 4, 6) and specdecpp (threshold 0.3, 0.7) rows timed by Equation 2.1."""
+    rows = []
+    cells = [("sd", "speculative", {"k": k}) for k in (2, 4, 6)]
+    cells += [("sdpp", "specdecpp", {"threshold": t}) for t in (0.3, 0.7)]
+    for name, method, params in cells:
+        for example in range(examples):
+            k_max = params.get("k", 8)
+            steps = []
+            for _ in range(int(rng.integers(5, 30))):
+                drafted = k_max if method == "speculative" else int(rng.integers(1, k_max + 1))
+                steps.append([drafted, int(rng.integers(0, drafted + 1))])
+            n_tokens = sum(a + 1 for _, a in steps)
+            n_draft, n_target = sum(d for d, _ in steps), len(steps)
+            walltime = T_DRAFT * n_draft + T_TARGET * n_target + noise * rng.standard_normal()
+            rows.append(
+                _row(name, method, params, "large", "small", n_tokens=n_tokens, walltime=walltime,
+                     steps=steps, passes={"large": n_target, "small": n_draft}, quality=0.5, example=example)
+            )  # fmt: skip
+    for example in range(examples):
+        n = int(rng.integers(20, 60))
+        rows.append(
+            _row("ar", "autoregressive", {}, "large", None, n_tokens=n, walltime=T_TARGET * n,
+                 steps=[[0, 0]] * n, passes={"large": n}, quality=0.5, example=example)
+        )  # fmt: skip
+    return rows
+
+
+LLAMA = {"large": ("meta-llama/Llama-2-70b-chat-hf", 69e9), "small": ("meta-llama/Llama-2-7b-chat-hf", 6.7e9)}
+
+
+def test_discard_and_verification_rates_are_per_generated_token():
+    steps = [(4, 4), (4, 1), (2, 0)]  # tokens: 5 + 2 + 1 = 8; discarded: 0 + 3 + 2 = 5
+    assert discard_verification_rates(steps, 8) == (5 / 8, 3 / 8)
+    assert discard_verification_rates([(0, 0)] * 7, 7) == (0.0, 1.0)  # autoregressive
+    assert all(math.isnan(v) for v in discard_verification_rates([], 0))
+
+
+def test_regression_recovers_exact_forward_times_with_r2_one():
+    rows = _sd_rows(np.random.default_rng(0))
+    fits = regression_table(rows).set_index(["setting", "dataset"])
+    for setting in ("pooled", "speculative", "specdecpp"):
+        fit = fits.loc[(setting, "all")]
+        assert fit["t_draft_s"] == pytest.approx(T_DRAFT) and fit["t_target_s"] == pytest.approx(T_TARGET)
+        assert fit["r2"] == pytest.approx(1.0)
+    assert fits.loc[("stand-alone", DATASET), "t_target_s"] == pytest.approx(T_TARGET)
+    # with exact times, Equation 2.3 predicts each cell's measured throughput exactly
+    rates = rates_table(rows)
+    sd = rates[rates["method"] != "autoregressive"]
+    assert np.allclose(sd["predicted_tokens_per_s"], sd["tokens_per_s"])
+    assert np.allclose(sd["predicted_tokens_per_s_counts"], sd["tokens_per_s"])
+    one = sd.iloc[0]
+    assert 1 / one["tokens_per_s"] == pytest.approx(
+        time_per_token(T_DRAFT, T_TARGET, one["discard_rate"], one["verification_rate"])
+    )
+
+
+def test_regression_on_noisy_times_is_close_and_r2_below_one():
+    rng = np.random.default_rng(1)
+    n_draft = rng.integers(20, 200, size=400)
+    n_target = rng.integers(5, 60, size=400)
+    walltime = T_DRAFT * n_draft + T_TARGET * n_target + rng.normal(0, 0.05, size=400)
+    fit = fit_forward_times(walltime, n_draft, n_target)
+    assert fit.t_draft == pytest.approx(T_DRAFT, rel=0.03) and fit.t_target == pytest.approx(
+        T_TARGET, rel=0.03
+    )
+    assert 0.98 < fit.r2 < 1.0 and fit.n == 400
+    assert math.isnan(fit_forward_times([1.0, 2.0], [1, 2], [2, 4]).t_draft)  # collinear: no fit
+
+
+def test_rates_frontier_prefers_lower_discard_and_verification():
+    discard = [0.1, 0.3, 0.2, 0.5]
+    verify = [0.5, 0.2, 0.6, 0.25]
+    assert rates_frontier(discard, verify) == [0, 1]
+
+
+def test_cli_plot_specdecpp_writes_rates_regression_and_figure4(tmp_path: Path):
+    run = _write(tmp_path / "sdpp", _sd_rows(np.random.default_rng(2)), LLAMA)
+    result = runner.invoke(app, ["plot", str(run), "--figure", "specdecpp"])
+    assert result.exit_code == 0, result.output
+    rates = pd.read_csv(run / "specdecpp_rates.csv")
+    assert {"discard_rate", "verification_rate", "predicted_tokens_per_s", "threshold", "k"} <= set(rates)
+    regression = pd.read_csv(run / "specdecpp_regression.csv")
+    assert regression.loc[regression["setting"] == "pooled", "r2"].min() == pytest.approx(1.0)
+    png = run / "specdecpp_pareto.png"
+    assert png.is_file() and png.stat().st_size > 1000
+
+
+def test_specdecpp_reference_prints_table1_rows_swapped_with_the_reason():
+    ref = specdecpp_reference()
+    rows = {r["algorithm"]: r for r in ref["table1"]["rows"]}
+    assert rows["SpecDec++"] == {
+        "algorithm": "SpecDec++",
+        "Alpaca": 18.88,
+        "HumanEval": 20.61,
+        "GSM8K": 20.95,
+    }
+    assert ref["table1"]["as_printed"]["SpecDec (baseline)"]["Alpaca"] == 18.88  # what the text shows
+    for algorithm, speedups in ref["table1"]["speedups"].items():
+        for dataset, speedup in speedups.items():
+            assert rows[algorithm][dataset] / ref["autoregressive_tokens_per_s"] == pytest.approx(
+                speedup, abs=0.006
+            )
+
+
+def test_report_paper_specdecpp_prints_ours_beside_table1(tmp_path: Path):
+    run = _write(tmp_path / "sdpp", _sd_rows(np.random.default_rng(3)), LLAMA)
+    cells = pd.read_csv(run / "cells.csv")
+    best_pp = cells[cells["method"] == "specdecpp"]["tokens_per_s"].max()
+    text = render_paper(run, "specdecpp", "markdown")
+    assert f"| sdpp | arithmetic | SpecDec++ | {best_pp:.2f} | — |" in text
+    assert "| sdpp | Alpaca | SpecDec++ | — | 18.88 | — | 2.04 |" in text
+    assert "| sdpp | Alpaca | SpecDec | — | 17.62 | — | 1.90 |" in text
+    assert "printed swapped" in text and "large = meta-llama/Llama-2-70b-chat-hf" in text
+    assert "Not the paper's models" not in text
+    assert "| sdpp | pooled | all | 20.00 | 100.00 | 1.0000 |" in text  # the fit, in ms
+    result = runner.invoke(app, ["report", str(run), "--paper", "specdecpp"])
+    assert result.exit_code == 0, result.output
+    assert "18.88" in result.output and "SpecDec++ Table 1" in result.output
+
+
+def test_report_paper_specdecpp_needs_speculative_cells(cascade_run: Path):
+    result = runner.invoke(app, ["report", str(cascade_run), "--paper", "specdecpp"])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert "no speculative or specdecpp cells" in result.output

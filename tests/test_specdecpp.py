@@ -1,0 +1,483 @@
+"""SpecDec++ (Huang et al. 2024): the acceptance head, its training data, the stopping rule, losslessness,
+the Lemma 2.1 oracle, HF's adaptive baselines, and the recipes.
+
+Tiny random-init float64 Llamas, ids fed directly (vocabulary 16, or 4 for the chi-square test).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from rich.progress import Progress
+from scipy.stats import chisquare
+
+from specbench import specdecpp
+from specbench.decoding import autoregressive, hf_generate, speculative
+from specbench.decoding.sampling import SamplingParams
+from specbench.decoding.specdecpp import AcceptanceHead, OracleDrafter, SpecDecPPDrafter, should_stop
+from specbench.errors import SpecbenchError
+from specbench.methods import METHOD_FUNCTIONS, Request, is_lossless
+from specbench.models.base import ModelDrafter
+from specbench.models.hf import HFModel
+from specbench.recipe import load_recipe, parse_recipe
+from specbench.tasks import TASKS
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+VOCAB = 16
+HIDDEN = 32  # tiny-llama's hidden size
+RECIPES = Path(__file__).resolve().parent.parent / "recipes" / "specdecpp"
+
+
+def noisy(model: torch.nn.Module, seed: int, scale: float = 0.15) -> torch.nn.Module:
+    """A perturbed copy of ``model``: a drafter that agrees with it often but not always."""
+    model = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(30_000 + seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.numel() > 1:
+                param.add_(scale * param.std() * torch.randn(param.shape, generator=gen, dtype=param.dtype))
+    return model
+
+
+def prompt_for(seed: int, vocab: int = VOCAB) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(2, vocab, (2 + seed % 5,), generator=gen)
+
+
+def random_head(seed: int, depth: int = 2) -> AcceptanceHead:
+    torch.manual_seed(seed)
+    head = AcceptanceHead(HIDDEN, depth)
+    with torch.no_grad():
+        head.out.bias.fill_(1.0)  # predictions spread around 0.5-0.9: rounds of varied length
+    return head
+
+
+# -- the head ----------------------------------------------------------------------------------
+
+
+def test_head_shapes_and_depth_zero_is_one_linear_layer():
+    head = AcceptanceHead(HIDDEN, 3)
+    x = torch.randn(5, HIDDEN)
+    assert head(x).shape == (5,) and head(x[0]).shape == ()
+    p = head.probability(x.double())
+    assert p.dtype == torch.float32 and bool(((p > 0) & (p < 1)).all())
+    assert len(head.blocks) == 3 and len({id(b.linear.weight) for b in head.blocks}) == 3  # own weights
+    linear = AcceptanceHead(HIDDEN, 0)
+    assert len(linear.blocks) == 0 and sum(p.numel() for p in linear.parameters()) == HIDDEN + 1
+    expected = torch.sigmoid(x @ linear.out.weight[0] + linear.out.bias[0])
+    torch.testing.assert_close(linear.probability(x), expected)
+
+
+# -- training data -----------------------------------------------------------------------------
+
+
+def _examples(n: int, length: int, seed: int = 0) -> list[specdecpp.Example]:
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        specdecpp.Example(
+            torch.randint(2, VOCAB, (2 + i % 4,), generator=gen),
+            torch.randint(2, VOCAB, (length,), generator=gen),
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.fixture
+def pair(tiny_model):
+    target = tiny_model("tiny-llama", 0, vocab_size=VOCAB)
+    return target, noisy(target, 0)
+
+
+def _build(pair, examples, **overrides):
+    config = specdecpp.TrainConfig(**({"teacher_batch": 3} | overrides))
+    with Progress(disable=True) as progress:
+        return specdecpp.build_examples(pair[0], pair[1], examples, config, progress)
+
+
+def test_labels_are_min_one_p_over_q_and_only_draft_tokens_are_supervised(pair):
+    target, drafter = pair
+    examples = _examples(5, 9)
+    features = _build(pair, examples)
+    for e, feats in zip(examples, features, strict=True):
+        a, m = e.prompt.shape[0], e.response.shape[0]
+        full = torch.cat([e.prompt, e.response])[None]
+        with torch.no_grad():
+            p = torch.softmax(target(full).logits[0, a - 1 : a + m - 1], -1)
+            q = torch.softmax(drafter(full).logits[0, a - 1 : a + m - 1], -1)
+        rows = torch.arange(m)
+        expected = torch.minimum(torch.ones(m, dtype=torch.float64), p[rows, e.draft] / q[rows, e.draft])
+        torch.testing.assert_close(e.label, expected, rtol=1e-12, atol=1e-12)
+        assert torch.equal(e.mixed, torch.where(e.keep, e.response, e.draft))
+        # one feature per draft (Z) position, none for the target's kept tokens: the loss sees Z only
+        assert feats.shape == (int((~e.keep).sum()), HIDDEN)
+        with torch.no_grad():
+            hidden = drafter(torch.cat([e.prompt, e.mixed])[None], output_hidden_states=True).hidden_states[
+                -1
+            ]
+        torch.testing.assert_close(feats, hidden[0, a : a + m][~e.keep].float())
+
+
+def test_mixing_ratio_is_respected_in_expectation(pair):
+    for r in (0.15, 0.6):
+        examples = _examples(20, 60, seed=1)
+        _build(pair, examples, mixing_ratio=r)
+        kept = torch.cat([e.keep for e in examples]).double()
+        assert abs(float(kept.mean()) - r) < 4 * math.sqrt(r * (1 - r) / kept.numel())
+
+
+def test_draft_samples_do_not_depend_on_the_batching(pair):
+    one, other = _examples(7, 8), _examples(7, 8)
+    features = _build(pair, one, teacher_batch=2)
+    again = _build(pair, other, teacher_batch=7)
+    for a, b, fa, fb in zip(one, other, features, again, strict=True):
+        assert torch.equal(a.draft, b.draft) and torch.equal(a.keep, b.keep)
+        torch.testing.assert_close(a.label, b.label)
+        torch.testing.assert_close(fa, fb)
+
+
+def test_training_is_deterministic_to_the_byte(pair, tmp_path):
+    examples = _examples(10, 12)
+    features = _build(pair, examples)
+    labels = [e.label[~e.keep] for e in examples]
+    config = specdecpp.TrainConfig(epochs=2, batch_size=4, lr=1e-2)
+    digests = []
+    for run in range(2):
+        with Progress(disable=True) as progress:
+            head, record = specdecpp.train_head(features, labels, config, progress)
+        out = specdecpp.save_head(head, {"hidden_size": HIDDEN, "depth": 3}, tmp_path / f"run{run}")
+        digests.append(hashlib.sha256((out / specdecpp.HEAD_FILE).read_bytes()).hexdigest())
+    assert digests[0] == digests[1] and record["steps"] == 6
+    scores = specdecpp.evaluate(head, features, labels)
+    assert 0 <= scores["binary_kl"] and 0 <= scores["accuracy"] <= 1
+
+
+def test_binary_kl_and_weighted_bce():
+    y = torch.tensor([1.0, 0.0, 0.25, 0.5])
+    p = torch.tensor([0.5, 0.5, 0.25, 0.9])
+    kl = specdecpp.binary_kl(y, p)
+    assert kl[2] == pytest.approx(0.0, abs=1e-9) and kl[0] == pytest.approx(math.log(2))
+    assert kl[3] == pytest.approx(0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(0.5 / 0.1))
+    logits = torch.logit(p)
+    loss = specdecpp.weighted_bce(logits, y, 1.0, 6.0)
+    manual = -(y * p.log() + 6 * (1 - y) * (1 - p).log()).sum() / (y.sum() + 6 * (1 - y).sum())
+    assert float(loss) == pytest.approx(float(manual))
+
+
+# -- the stopping rule -------------------------------------------------------------------------
+
+
+class ScriptedHead(torch.nn.Module):
+    """Hand-set predictions p̂_1, p̂_2, ... in the order the drafter asks for them."""
+
+    def __init__(self, predictions: list[float]):
+        super().__init__()
+        self.hidden_size, self.predictions, self.calls = HIDDEN, list(predictions), 0
+
+    def probability(self, hidden: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return torch.tensor(self.predictions[self.calls - 1], dtype=torch.float64)
+
+
+@pytest.mark.parametrize(
+    "predictions, threshold, min_length, max_length, expected",
+    [
+        ([0.9] * 10, 0.3, 2, 20, 5),  # 1 - 0.9^4 = 0.344 > 0.3 after candidate 5 (release timing)
+        ([0.9] * 10, 0.5, 2, 20, 8),  # 1 - 0.9^7 = 0.522
+        ([0.1] * 10, 0.3, 2, 20, 2),  # stops at the lower bound
+        ([0.1] * 10, 0.3, 4, 20, 4),  # ... which is inclusive
+        ([1.0] * 10, 0.3, 2, 6, 6),  # never predicted to fail: the upper bound
+        ([0.99, 0.5, 0.5], 0.0, 1, 20, 2),  # h = 0: stop as soon as a prediction exists
+        ([0.95, 0.95, 0.2, 0.9], 0.3, 2, 20, 4),
+    ],
+)
+def test_stop_positions_from_hand_set_predictions(
+    tiny_model, predictions, threshold, min_length, max_length, expected
+):
+    assert should_stop(predictions, threshold, min_length, max_length) == expected
+    head = ScriptedHead(predictions)
+    model = HFModel(tiny_model("tiny-llama", 0, vocab_size=VOCAB), "drafter")
+    drafter = SpecDecPPDrafter(model, head, threshold=threshold, min_length=min_length)
+    prompt = prompt_for(3)
+    drafter.start(prompt)
+    draft = drafter.propose(torch.empty(0, dtype=torch.long), max_length, SamplingParams(), None)
+    assert len(draft) == expected and draft.q.shape == (expected, VOCAB)
+    assert head.calls == expected - 1  # p̂ of candidates 1..n-1: the pass that fed candidate n is never run
+    assert model.counter.forward_passes == expected
+
+
+def test_an_eos_candidate_ends_the_round(tiny_model):
+    model = HFModel(tiny_model("tiny-llama", 0, vocab_size=VOCAB), "drafter")
+    prompt = prompt_for(4)
+    first = ModelDrafter(model)
+    first.start(prompt)
+    token = int(first.propose(torch.empty(0, dtype=torch.long), 1, SamplingParams(), None).tokens[0])
+    drafter = SpecDecPPDrafter(model, ScriptedHead([1.0] * 8), threshold=0.3, eos_token_id=[token])
+    drafter.start(prompt)
+    assert len(drafter.propose(torch.empty(0, dtype=torch.long), 8, SamplingParams(), None)) == 1
+
+
+# -- losslessness ------------------------------------------------------------------------------
+
+
+def test_greedy_specdecpp_matches_autoregressive_token_for_token(tiny_model):
+    lengths = Counter()
+    for seed in range(4):
+        weights = tiny_model("tiny-llama", seed, vocab_size=VOCAB)
+        target = HFModel(weights, "target")
+        draft_model = HFModel(noisy(weights, seed), "drafter")
+        for threshold, (low, high), depth in itertools.product((0.1, 0.5, 0.9), ((1, 6), (2, 20)), (0, 3)):
+            prompt = prompt_for(seed)
+            expected = autoregressive.generate(target, prompt, max_new_tokens=20).tokens
+            drafter = SpecDecPPDrafter(
+                draft_model, random_head(seed, depth), threshold=threshold, min_length=low
+            )
+            got = speculative.generate(target, drafter, prompt, k=high, max_new_tokens=20)
+            assert got.tokens == expected
+            lengths.update(d for d, _ in got.steps)
+    assert len(lengths) >= 5  # the rounds really had adaptive lengths
+
+
+def test_sampled_specdecpp_preserves_the_target_distribution(tiny_model):
+    vocab, runs, new = 4, 2000, 3
+    weights = tiny_model("tiny-llama", 7, vocab_size=vocab, init_std=0.3)
+    target = HFModel(weights, "target")
+    drafter_model = HFModel(noisy(weights, 7, scale=0.6), "drafter")
+    drafter = SpecDecPPDrafter(drafter_model, random_head(7, 1), threshold=0.4, min_length=1)
+    sampling = SamplingParams(temperature=1.0)
+    prompt = prompt_for(5, vocab)
+    # exact distribution of the first `new` tokens under the target
+    exact = {}
+    with torch.no_grad():
+        for seq in itertools.product(range(vocab), repeat=new):
+            ids = torch.cat([prompt, torch.tensor(seq[:-1])])[None]
+            probs = torch.softmax(weights(ids).logits[0, prompt.shape[0] - 1 :], -1)
+            exact[seq] = math.prod(float(probs[i, t]) for i, t in enumerate(seq))
+    generator = torch.Generator().manual_seed(0)
+    counts, lengths = Counter(), Counter()
+    for _ in range(runs):
+        out = speculative.generate(
+            target, drafter, prompt, k=3, max_new_tokens=new + 1, sampling=sampling, generator=generator
+        )
+        counts[tuple(out.tokens[:new])] += 1
+        lengths.update(d for d, _ in out.steps)
+    cells = sorted(exact)
+    observed = [counts[c] for c in cells]
+    expected = [exact[c] * runs for c in cells]
+    assert sum(observed) == runs and len(lengths) >= 2
+    assert chisquare(observed, expected).pvalue > 1e-3
+
+
+# -- the oracle of Lemma 2.1 -------------------------------------------------------------------
+
+
+def _agreement_by_hand(draft_weights, prompt: torch.Tensor, reference: list[int], g: int) -> int:
+    """Draft greedily from prompt + reference[:g], one full forward per token, until it disagrees."""
+    n = 0
+    with torch.no_grad():
+        while g + n < len(reference):
+            ids = torch.cat([prompt, torch.tensor(reference[: g + n], dtype=torch.long)])[None]
+            if int(draft_weights(ids).logits[0, -1].argmax()) != reference[g + n]:
+                break
+            n += 1
+    return n
+
+
+def test_oracle_drafts_exactly_the_agreement_lengths(tiny_model):
+    for seed in range(3):
+        weights = tiny_model("tiny-llama", seed, vocab_size=VOCAB)
+        draft_weights = noisy(weights, seed)
+        target, draft_model = HFModel(weights, "target"), HFModel(draft_weights, "drafter")
+        prompt = prompt_for(seed)
+        reference = autoregressive.generate(target, prompt, max_new_tokens=24).tokens
+        oracle = OracleDrafter(draft_model, prompt, reference)
+        out = speculative.generate(target, oracle, prompt, k=24, max_new_tokens=24)
+        assert out.tokens == reference
+        assert all(d == a for d, a in out.steps)  # nothing is ever discarded (N_discard = 0)
+        g = 0
+        for d, a in out.steps:
+            budget = 24 - g - 1
+            assert d == min(budget, _agreement_by_hand(draft_weights, prompt, reference, g))
+            g += a + 1
+        # the drafter's passes are exactly the drafted tokens (the hindsight pass is not counted)
+        assert out.forwards["drafter"]["forward_passes"] == sum(d for d, _ in out.steps)
+        # and through the method table, with the reference ids the runner passes
+        request = Request(prompt, 24, SamplingParams(), [], torch.Generator(), reference_ids=reference)
+        assert METHOD_FUNCTIONS["oracle_sd"]({}, target, draft_model, request).tokens == reference
+
+
+# -- HF's adaptive baselines -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "schedule, threshold", [("heuristic", 0.0), ("heuristic_transient", 0.0), ("constant", 0.4)]
+)
+def test_hf_assisted_adaptive_settings_run_and_stay_lossless(tiny_model, schedule, threshold):
+    weights = tiny_model("tiny-llama", 1, vocab_size=VOCAB)
+    target, assistant = HFModel(weights, "target"), HFModel(noisy(weights, 1), "drafter")
+    prompt = prompt_for(1)
+    expected = autoregressive.generate(target, prompt, max_new_tokens=16).tokens
+    params = {"k": 3, "num_assistant_tokens_schedule": schedule, "assistant_confidence_threshold": threshold}
+    request = Request(prompt, 16, SamplingParams(), [], torch.Generator())
+    out = METHOD_FUNCTIONS["hf_assisted"](params, target, assistant, request)
+    assert out.tokens == expected
+    config = assistant.model.generation_config
+    assert config.num_assistant_tokens_schedule != schedule or schedule == "constant"  # restored
+    direct = hf_generate.generate(
+        target,
+        prompt,
+        max_new_tokens=16,
+        assistant=assistant,
+        k=3,
+        schedule=schedule,
+        confidence_threshold=threshold,
+    )
+    assert direct.tokens == expected
+
+
+# -- recipes -----------------------------------------------------------------------------------
+
+
+def test_specdecpp_recipes_parse():
+    paths = sorted(RECIPES.glob("*.yaml"))
+    assert {p.name for p in paths} >= {
+        "llama2_chat_7b_70b.yaml",
+        "llama2_chat_7b_70b-tiny.yaml",
+        "smollm2_offline.yaml",
+    }
+    for path in paths:
+        recipe = load_recipe(path)
+        methods = {spec.method for spec in recipe.methods}
+        assert {"specdecpp", "oracle_sd", "speculative", "autoregressive"} <= methods
+        assert all(is_lossless(c.method, c.params) for c in recipe.cells() if c.method != "autoregressive")
+        missing = {d.task for d in recipe.datasets} - set(TASKS)
+        assert missing <= {"humaneval"} and (not missing or path.name == "llama2_chat_7b_70b.yaml")
+
+
+def _recipe(methods: list[dict], temperature: float = 0.0) -> dict:
+    return {
+        "name": "t",
+        "generation": {"max_new_tokens": 8, "temperature": temperature},
+        "models": {
+            "t": {"source": "tiny-llama"},
+            "d": {"source": "tiny-llama"},
+            "lookup": {"source": "prompt-lookup"},
+        },
+        "datasets": [{"task": "arithmetic"}],
+        "methods": [{"name": "ar", "method": "autoregressive", "target": "t"}, *methods],
+    }
+
+
+@pytest.mark.parametrize(
+    "method, temperature, message",
+    [
+        ({"method": "specdecpp", "drafter": "d"}, 0.0, "specbench specdecpp train"),
+        (
+            {"method": "specdecpp", "drafter": "d", "params": {"head": "specdecpp:x"}},
+            0.0,
+            "specdecpp:<target>",
+        ),
+        (
+            {
+                "method": "specdecpp",
+                "drafter": "d",
+                "params": {"head": "h", "min_length": 5, "max_length": 3},
+            },
+            0.0,
+            "min_length 5 exceeds max_length 3",
+        ),
+        (
+            {"method": "specdecpp", "drafter": "d", "params": {"head": "h", "threshold": 1.5}},
+            0.0,
+            "out of range",
+        ),
+        ({"method": "specdecpp", "drafter": "lookup", "params": {"head": "h"}}, 0.0, "needs a model drafter"),
+        ({"method": "oracle_sd", "drafter": "d"}, 0.7, "greedy oracle"),
+        (
+            {"method": "hf_assisted", "drafter": "d", "params": {"num_assistant_tokens_schedule": "ada"}},
+            0.0,
+            "not allowed",
+        ),
+        (
+            {"method": "hf_assisted", "drafter": "d", "params": {"assistant_confidence_threshold": 2.0}},
+            0.0,
+            "out of range",
+        ),
+    ],
+)
+def test_recipe_errors_are_one_line(method, temperature, message):
+    data = _recipe([{"name": "m", "target": "t", **method}], temperature)
+    with pytest.raises(SpecbenchError, match=message) as error:
+        parse_recipe(data, "r.yaml")
+    assert "\n" not in str(error.value)
+
+
+def test_oracle_needs_the_autoregressive_output():
+    data = _recipe([{"name": "o", "method": "oracle_sd", "target": "t", "drafter": "d"}])
+    data["methods"] = data["methods"][1:]
+    with pytest.raises(SpecbenchError, match="autoregressive"):
+        parse_recipe(data, "r.yaml")
+
+
+def test_a_missing_head_says_how_to_train_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    with pytest.raises(SpecbenchError, match="specbench specdecpp train") as error:
+        specdecpp.load_head("specdecpp:smollm2-135m-instruct/distilled-smollm2-135m-instruct--small", "cpu")
+    assert "\n" not in str(error.value)
+
+
+# -- end to end: train a tiny head, run the tiny recipe ----------------------------------------
+
+
+def _data_dir(root: Path) -> Path:
+    rows = {
+        "gsm8k/train.jsonl": [
+            {
+                "question": f"Tom has {i} apples and buys {i + 2} more. How many?",
+                "answer": f"#### {2 * i + 2}",
+            }
+            for i in range(8)
+        ],
+        "mmlu/dev.jsonl": [
+            {"question": "2+2?", "subject": "math", "choices": ["3", "4", "5", "6"], "answer": 1}
+        ],
+        "alpaca_seed/train.jsonl": [{"instruction": "Say hi.", "input": "", "output": "hi"}],
+    }
+    for name, items in rows.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in items))
+    return root
+
+
+def test_train_a_tiny_head_and_run_the_tiny_recipe(tmp_path, monkeypatch):
+    from specbench.runner import Runner
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    recipe = load_recipe(RECIPES / "llama2_chat_7b_70b-tiny.yaml")
+    head_params = {spec.params.get("head") for spec in recipe.methods if spec.method == "specdecpp"}
+    target, drafter = recipe.models["target"], recipe.models["draft"]
+    config = specdecpp.TrainConfig(
+        target=target.source, drafter=drafter.source, target_options=target.options,
+        drafter_options=drafter.options, name="tiny", data_dir=str(_data_dir(tmp_path / "data")),
+        prompts=10, max_new_tokens=12, epochs=2, batch_size=4, dtype="float64",
+    )  # fmt: skip
+    with Progress(disable=True) as progress:
+        folder = specdecpp.train(config, progress)
+    manifest = json.loads((folder / specdecpp.MANIFEST).read_text())
+    assert head_params == {manifest["reference"]}
+    assert manifest["eval"]["draft_tokens"] > 0 and manifest["data"]["eval_sequences"] == 1
+    with Progress(disable=True) as progress:  # again: the cached data, the same head bytes
+        again = specdecpp.train(config, progress)
+    assert (again / specdecpp.HEAD_FILE).read_bytes() == (folder / specdecpp.HEAD_FILE).read_bytes()
+    Runner(recipe, tmp_path / "out", limit=2).run()
+    rows = [json.loads(line) for line in (tmp_path / "out" / "examples.jsonl").read_text().splitlines()]
+    assert {"specdecpp", "oracle_sd"} <= {row["method"] for row in rows}
