@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -41,7 +42,7 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
         row = {
             "run": r["run"],
             "dataset": r["dataset"],
-            "method": r["method_name"],
+            "method": _method_label(r["method_name"], r["cell"]),
             "drafters": r.get("drafter") if isinstance(r.get("drafter"), str) else "",
             # CS Drafting's budget matrix K stands in the k column, compact: [[2,4],[0,3]]
             "k": _int(r.get("k")) or (r["K"].replace(" ", "") if isinstance(r.get("K"), str) else ""),
@@ -60,6 +61,15 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
         row["n"] = int(r["n"])
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _method_label(name: str, cell: str) -> str:
+    """The method entry's name plus the grid values the k column does not show: ``sc[alpha=0.2,rule=opt]``."""
+    inner = cell[len(name) + 1 : -1] if cell.startswith(name + "[") and cell.endswith("]") else ""
+    # split at commas that start a new "key=" (K's value [[2,4],[0,3]] has commas of its own)
+    parts = re.split(r",(?=[A-Za-z_]\w*=)", inner) if inner else []
+    rest = [part for part in parts if not part.startswith(("k=", "K="))]
+    return f"{name}[{','.join(rest)}]" if rest else name
 
 
 def render(results: Path, fmt: str = "table", console: Console | None = None) -> str | None:
