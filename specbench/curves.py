@@ -18,10 +18,16 @@ never extrapolated: a curve that never reaches the large model's quality has no 
 and one whose every point is slower than the large model has no best quality. A curve whose
 fastest point already beats the large model's quality is read at that point.
 
-Latency relative to the large model (the autoregressive cell of the same target and dataset):
+Latency relative to the large model (the autoregressive cell of the same target and dataset), as
+the paper measures it: decoding time of a whole output ("relative to that of calling T5-large on all
+inputs", App. E), not time per token, so a method that stops earlier or rambles on is charged for
+the tokens it really generates:
 
-* ``relative_latency_walltime`` = AR tokens/s ÷ the cell's tokens/s (time per generated token);
-* ``relative_latency_swi`` = 1 / SWI under model-size costs (hardware-independent);
+* ``relative_latency_walltime`` = the cell's mean wall-clock time per example ÷ the AR cell's;
+* ``relative_latency_swi`` = the cell's model-size (MS) cost per example ÷ the AR cell's
+  (hardware-independent; per example: generated tokens per example ÷ SWI);
+* ``relative_time_per_token`` = AR tokens/s ÷ the cell's tokens/s, for reference (equal to the
+  walltime measure when both cells generate as many tokens per example);
 * ``deferral_rate`` (cells.csv: deferrals or rejections per generated token) and
   ``rejection_rate`` (target verifications that rejected a draft, per generated token, from
   examples.jsonl), the x-axis of Figure 3, where the small model sits at 0 and the large at 1.
@@ -49,8 +55,8 @@ CURVES_CSV = "curves.csv"
 TABLE2_CSV = "cascades_table2.csv"
 SWEEP = ("alpha", "lenience")  # the α of a curve; every other parameter starts a curve of its own
 AXES = {
-    "walltime": ("relative_latency_walltime", "latency relative to the large model (tokens/s)"),
-    "swi": ("relative_latency_swi", "latency relative to the large model (1 / SWI, MS costs)"),
+    "walltime": ("relative_latency_walltime", "latency relative to the large model (wall-clock per example)"),
+    "swi": ("relative_latency_swi", "latency relative to the large model (MS cost per example)"),
     "deferral": ("deferral_rate", "deferral / rejection rate per token"),
 }
 
@@ -113,7 +119,12 @@ def curve_points(
                 if small is None:
                     continue
                 point = _point(small, large, metric, "small", "small model", {}) | {"deferral_rate": 0.0}
-                point["relative_latency_swi"] = _ms_cost(environment or {}, examples or [], drafter, target)
+                # the small model's own SWI is against itself: its cost is its passes at the MS cost
+                # of one of its passes relative to one of the large model's
+                ms_cost = _ms_cost(environment or {}, examples or [], drafter, target)
+                point["relative_latency_swi"] = ms_cost * _ratio(
+                    _per_example(small, "generated_tokens"), _per_example(large, "generated_tokens")
+                )
                 rows.append(point)
     points = pd.DataFrame(rows, columns=_COLUMNS)
     for axis in ("walltime", "swi"):
@@ -141,6 +152,7 @@ _COLUMNS = [
     "quality",
     "relative_latency_walltime",
     "relative_latency_swi",
+    "relative_time_per_token",
     "walltime_ratio",
     "deferral_rate",
     "rejection_rate",
@@ -165,8 +177,11 @@ def _point(cell: dict, large: dict, metric: str | None, role: str, curve: str, p
         "cell": cell["cell"],
         "metric": (metric or "").removeprefix("quality_"),
         "quality": _float(cell.get(metric)) if metric else math.nan,
-        "relative_latency_walltime": _ratio(large.get("tokens_per_s"), cell.get("tokens_per_s")),
-        "relative_latency_swi": _ratio(1.0, cell.get("swi_ms")),
+        "relative_latency_walltime": _ratio(
+            _per_example(cell, "walltime_s"), _per_example(large, "walltime_s")
+        ),
+        "relative_latency_swi": _ratio(_ms_cost_per_example(cell), _ms_cost_per_example(large)),
+        "relative_time_per_token": _ratio(large.get("tokens_per_s"), cell.get("tokens_per_s")),
         "walltime_ratio": _ratio(cell.get("walltime_s"), large.get("walltime_s")),
         "deferral_rate": _float(cell.get("deferral_rate")),
         "rejection_rate": math.nan,
@@ -174,6 +189,16 @@ def _point(cell: dict, large: dict, metric: str | None, role: str, curve: str, p
         "swi_ms": _float(cell.get("swi_ms")),
         "n": cell.get("n"),
     }
+
+
+def _per_example(cell: dict, column: str) -> float:
+    """A cell's total ``column`` (walltime_s, generated_tokens) per example it ran."""
+    return _ratio(cell.get(column), cell.get("n"))
+
+
+def _ms_cost_per_example(cell: dict) -> float:
+    """MS cost of a cell's output per example, in passes of its target: tokens per example / SWI."""
+    return _ratio(_per_example(cell, "generated_tokens"), cell.get("swi_ms"))
 
 
 def _params(cell: dict) -> dict:
@@ -289,6 +314,10 @@ def table2_metrics(points: pd.DataFrame) -> pd.DataFrame:
             "method_name": first["method_name"],
             "method": first["method"],
             "rule": json.loads(first["params"]).get("rule", ""),
+            # the curve's parameters besides α (equal on all its points: they name the curve)
+            "params": json.dumps(
+                {k: v for k, v in json.loads(first["params"]).items() if k not in SWEEP}, sort_keys=True
+            ),
             "target": first["target"],
             "drafter": first["drafter"],
             "metric": first["metric"],
@@ -324,7 +353,14 @@ def run_points(run_dir: Path) -> pd.DataFrame:
     cells = load_cells(run_dir)
     environment = {}
     if (run_dir / "environment.json").is_file():
-        environment = json.loads((run_dir / "environment.json").read_text()).get("models") or {}
+        try:
+            environment = json.loads((run_dir / "environment.json").read_text()).get("models") or {}
+        except (ValueError, AttributeError):
+            raise SpecbenchError(
+                str(run_dir / "environment.json"),
+                "not a JSON object with a models field",
+                "restore it from the run, or delete it (the small model's SWI point is then left out)",
+            ) from None
     points = curve_points(cells, environment, read_examples(run_dir))
     check_points(points, str(run_dir))
     return points
@@ -344,7 +380,8 @@ def check_points(points: pd.DataFrame, where: str) -> None:
         raise SpecbenchError(
             where,
             "no quality metric in these cells (speed-only tasks such as alpaca or spec_bench)",
-            "run the cascades on a task with a metric (gsm8k, mmlu, arithmetic)",
+            "run the cascades on a task with a metric (wmt14_en_de, xsum, cnn_dailymail, gsm8k, "
+            "squad_v2, trivia_qa, arithmetic, ...)",
         )
 
 
@@ -425,7 +462,7 @@ def paper_table2(runs: list) -> tuple[list, list[dict]]:
             errors.append(error)
             continue
         for m in table2_metrics(points).to_dict("records"):
-            label = paper_label(m["method"], m["rule"], ref)
+            label = paper_label(m["method"], json.loads(m["params"]), ref)
             theirs = by_label.get(label)
             rows.append(
                 {
@@ -463,7 +500,8 @@ def paper_table2(runs: list) -> tuple[list, list[dict]]:
         f"Paper: {table['source']}. {table['note']}",
         "lat↓: large-model latency over the method's where its Pareto frontier over α (joined linearly) "
         "first reaches the large model's quality; quality: the frontier's quality at the large model's "
-        "latency. wall: tokens/s relative to the AR cell of the target; SWI: 1/SWI (MS costs). "
+        "latency. wall: decoding time per example relative to the target's AR cell (as the paper); "
+        "SWI: model-size cost per example relative to it (tokens per example / SWI). "
         "— = the curve never matches / never is as fast (specbench/curves.py).",
         "The paper's metrics are BLEU (WMT) and ROUGE-2 (XSum, CNNDM) on fine-tuned T5 models; ours are "
         "the run's task metric, so compare the ranking of methods, not the numbers.",
@@ -475,13 +513,32 @@ def paper_table2(runs: list) -> tuple[list, list[dict]]:
     return views, tidy
 
 
-def paper_label(method: str, rule: str, ref: dict | None = None) -> str | None:
-    """The paper's name of a specbench method (and spec_cascade rule), or None."""
+def paper_label(method: str, params: dict | str | None = None, ref: dict | None = None) -> str | None:
+    """The paper's name of a specbench method with these parameters (a spec_cascade's rule), or None.
+
+    ``params`` is the cell's parameter dict, or just a rule name. An entry of the reference's
+    ``methods`` (one mapping, or a list of them) matches when the method is the same and every other
+    key it lists equals the cell's parameter; a missing parameter counts as false / empty.
+    """
     ref = ref or spec_cascades_reference()
-    for label, entry in ref["methods"].items():
-        if entry["method"] == method and entry.get("rule", rule or "") == (rule or ""):
-            return label
+    if not isinstance(params, dict):
+        params = {"rule": params} if params else {}
+    for label, entries in ref["methods"].items():
+        for entry in entries if isinstance(entries, list) else [entries]:
+            if entry["method"] != method:
+                continue
+            if all(
+                (params.get(key) if key in params else _absent(value)) == value
+                for key, value in entry.items()
+                if key != "method"
+            ):
+                return label
     return None
+
+
+def _absent(value):
+    """What a parameter the cell does not record stands for: false, or the empty string."""
+    return False if isinstance(value, bool) else ""
 
 
 def _paper(row: dict | None, key: str, dataset: str, ref: dict) -> str:

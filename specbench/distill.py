@@ -138,6 +138,17 @@ def _top(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids.to(torch.int32), values.to(torch.float16)
 
 
+def left_padded(prompts: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) of a batch of prompts padded on the left for ``generate``."""
+    width = max(p.shape[0] for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - prompt.shape[0] :] = prompt
+        mask[row, width - prompt.shape[0] :] = 1
+    return ids, mask
+
+
 @torch.inference_mode()
 def _generated(target, prompts: list[torch.Tensor], config: TeacherConfig, progress) -> list[Sequence]:
     """Greedy continuations, batched with left padding; top-k of the logits generate() returns."""
@@ -149,12 +160,8 @@ def _generated(target, prompts: list[torch.Tensor], config: TeacherConfig, progr
     task = progress.add_task("target generations", total=len(prompts), stats="")
     for first in range(0, len(order), config.batch_size):
         batch = order[first : first + config.batch_size]
-        width = max(prompts[i].shape[0] for i in batch)
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, i in enumerate(batch):
-            ids[row, width - prompts[i].shape[0] :] = prompts[i]
-            mask[row, width - prompts[i].shape[0] :] = 1
+        ids, mask = left_padded([prompts[i] for i in batch], pad)
+        width = ids.shape[1]
         result = model.generate(
             input_ids=ids.to(target.device),
             attention_mask=mask.to(target.device),

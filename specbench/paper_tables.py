@@ -365,11 +365,12 @@ def specdecpp_table1(runs: list[Run]) -> tuple[list[View], list[dict]]:
 PAPERS = {
     "cs-drafting-table2": Paper(table2, "google/flan-t5-xxl", ("flan-t5-xxl",)),
     "cs-drafting-table3": Paper(table3, "Vicuna-7B", ("vicuna-7b",)),
-    # the small model's own AR cell (its point on the curves) is part of the paper's setup too
+    # the small model's own AR cell (its point on the curves) is part of the paper's setup too; the
+    # original T5 (t5-large, without v1_1) is another model family, so it is not the paper's
     "spec-cascades-table2": Paper(
         spec_cascades_table2,
-        "T5 v1.1 large / XL (fine-tuned; T5 small drafts)",
-        ("t5-v1_1-large", "t5-v1_1-xl", "t5-v1_1-small", "t5-large", "t5-xl", "t5-small"),
+        "T5 v1.1 large / XL (fine-tuned; T5 v1.1 small drafts)",
+        ("t5-v1_1-large", "t5-v1_1-xl", "t5-v1_1-small"),
     ),
     "specdecpp": Paper(
         specdecpp_table1, "llama-2-chat 70B (7B drafts)", ("llama-2-70b-chat", "llama-2-7b-chat")

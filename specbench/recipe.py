@@ -540,6 +540,9 @@ class DatasetSpec(_Strict):
     # run the generated code against the task's tests (pass@1 of code tasks), in
     # specbench.tasks.sandbox; off by default, and then those rows carry no pass@1
     execute_code: bool = False
+    # this dataset's output length, when it differs from generation.max_new_tokens (papers set one
+    # per task: e.g. 5 tokens for QA, 320 for GSM8K)
+    max_new_tokens: int | None = Field(default=None, ge=1)
 
     @field_validator("data_files")
     @classmethod

@@ -54,6 +54,7 @@ class DatasetRun:
     examples: list[Example]
     chat_template: bool
     execute_code: bool = False  # the recipe's opt-in to run generated code (code tasks' pass@1)
+    max_new_tokens: int | None = None  # the dataset's own output length (else the recipe's)
 
 
 def _hash(*parts: str) -> str:
@@ -146,7 +147,9 @@ class Runner:
                 else:
                     examples = task.load(split=split, data_files=data_files)[:: spec.every][:limit]
             label = f"{spec.task}/{split}"
-            runs.append(DatasetRun(label, task, examples, spec.chat_template, spec.execute_code))
+            runs.append(
+                DatasetRun(label, task, examples, spec.chat_template, spec.execute_code, spec.max_new_tokens)
+            )
         return runs
 
     # -- running ---------------------------------------------------------------------------
@@ -188,6 +191,8 @@ class Runner:
         parts = [cell.fingerprint(self.recipe), dataset.label, example.id, example.prompt]
         if dataset.execute_code:  # rows graded by running code differ from ungraded ones
             parts.append("execute_code")
+        if dataset.max_new_tokens is not None:
+            parts.append(f"max_new_tokens={dataset.max_new_tokens}")
         return _hash(*parts)
 
     def rows(self, dataset: DatasetRun, cell: Cell) -> list[dict]:
@@ -277,7 +282,8 @@ class Runner:
         sampling = SamplingParams(gen.temperature, gen.top_k, gen.top_p)
         generator = torch.Generator(device=target.device)
         generator.manual_seed(int(_hash(str(self.recipe.seed), dataset.label, example.id), 16) % (2**63))
-        return Request(ids.to(target.device), gen.max_new_tokens, sampling, target.eos_token_ids(), generator)
+        max_new_tokens = dataset.max_new_tokens or gen.max_new_tokens
+        return Request(ids.to(target.device), max_new_tokens, sampling, target.eos_token_ids(), generator)
 
     def _check_vocab(self, cell: Cell, name: str, target, drafter) -> None:
         if isinstance(drafter, HFModel) and drafter.tokenizer is not None and target.tokenizer is not None:

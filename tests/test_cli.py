@@ -127,6 +127,28 @@ def test_seed_override_changes_keys_not_greedy_outputs(tiny_run: Path, tmp_path:
     assert "seed: 7" in (out / "resolved_recipe.yaml").read_text()
 
 
+def test_dataset_max_new_tokens_overrides_the_recipe_length(tiny_run: Path, tmp_path: Path):
+    """A dataset's own output length (papers set one per task) caps every method on it, and is part
+    of the rows' identity; greedy outputs are the 24-token run's prefixes."""
+    import yaml
+
+    data = yaml.safe_load(TINY.read_text())
+    data["datasets"][0]["max_new_tokens"] = 5
+    data["methods"] = [m for m in data["methods"] if m["method"] in ("autoregressive", "speculative")]
+    recipe = tmp_path / "short.yaml"
+    recipe.write_text(yaml.safe_dump(data))
+    out = tmp_path / "short"
+    result = runner.invoke(app, ["run", str(recipe), "--output-dir", str(out), "--limit", "2"])
+    assert result.exit_code == 0, result.output
+    short = {(r["cell"], r["example_id"]): r for r in map(json.loads, (out / "examples.jsonl").open())}
+    base = {(r["cell"], r["example_id"]): r for r in map(json.loads, (tiny_run / "examples.jsonl").open())}
+    assert len(short) == 2 * 5  # ar + 2 sd-lookup + 2 sd-draft cells
+    for key, row in short.items():
+        assert 1 <= row["n_tokens"] <= 5
+        assert row["output_ids"] == base[key]["output_ids"][: row["n_tokens"]]
+        assert row["key"] != base[key]["key"]
+
+
 def test_unreachable_hub_model_names_recipe_and_field(tmp_path: Path, monkeypatch):
     from specbench.models import registry
 

@@ -17,8 +17,10 @@ from typer.testing import CliRunner
 
 from specbench.cli import app
 from specbench.curves import (
+    _paper,
     curve_points,
     latency_to_match,
+    paper_label,
     pareto_frontier,
     quality_at_latency,
     run_points,
@@ -220,12 +222,21 @@ def test_spec_cascades_reference_holds_the_two_rows_of_table2_exactly():
     table = spec_cascades_reference()["table2"]
     rows = {r["method"]: r for r in table["rows"]}
     assert list(rows) == ["SeqCascade [Chow]", "TokenCascade [Chow]"]
+    # every cell, digit by digit as the paper's text prints them (003_b96a1a6ccb555f14.txt, Table 2)
     assert rows["SeqCascade [Chow]"]["latency_reduction"] == [1.55, 0.84, 0.98, 2.46, 0.93, 0.94]
+    assert rows["SeqCascade [Chow]"]["best_quality"] == [16.56, 12.97, 9.91, 16.29, 16.40, 11.18]
+    assert rows["TokenCascade [Chow]"]["latency_reduction"] == [1.03, 0.93, 1.40, 1.46, 0.82, 1.51]
     assert rows["TokenCascade [Chow]"]["best_quality"] == [16.52, 13.30, 10.36, 16.65, 17.09, 11.44]
+    assert [tuple(c) for c in table["columns"]] == [
+        (pair, dataset) for pair in ("Small→Large", "Small→XL") for dataset in ("WMT", "XSum", "CNNDM")
+    ]
+    assert table["caption"].startswith("Reduction in latency from different methods (T=1, γ=5) when matching")
+    assert table["caption"].endswith(
+        "Quality is measured in terms of the BLEU for WMT and ROUGE-2 for XSum and CNNDM. "
+        "See Figure 2 for T=0.5 and § E.2 for T=0."
+    )
     assert len(table["columns"]) == 6 and "not invented" in table["note"]
     # a run on one of the paper's datasets is shown that dataset's paper values, both model pairs
-    from specbench.curves import _paper
-
     ref = spec_cascades_reference()
     seq = rows["SeqCascade [Chow]"]
     assert _paper(seq, "latency_reduction", "xsum/validation", ref) == "Small→Large 0.84 / Small→XL 0.93"
@@ -241,12 +252,170 @@ def test_report_paper_spec_cascades_prints_ours_beside_the_papers(cascade_run: P
     )
     assert "| seq-chow | SeqCascade [Chow] |" in text and "1.55/0.84/0.98" in text
     assert "large = t5-v1_1-large" in text and "Not the paper's models" not in text
+    # the original T5 (not v1.1) is not the paper's model family: the caption says so
+    from specbench.paper_tables import PAPERS
+
+    paper = PAPERS["spec-cascades-table2"]
+    assert paper.is_target("google/t5-v1_1-large, google/t5-v1_1-small")
+    assert not paper.is_target("google-t5/t5-large, google-t5/t5-small")
     frame = pd.read_csv(StringIO(render_paper(cascade_run, "spec-cascades-table2", "csv")))
     hit = frame[(frame["method"] == "sc-token") & (frame["metric"] == "latency_reduction_walltime")]
     assert hit["ours"].item() == pytest.approx(1.25)
     result = runner.invoke(app, ["report", str(cascade_run), "--paper", "spec-cascades-table2"])
     assert result.exit_code == 0, result.output
     assert "Speculative Cascades Table 2" in result.output and "0.84×" in result.output
+
+
+def _cell(cell, method, *, n, walltime, tokens, swi, quality, target="L", drafter="S", params=None):
+    """One cells.csv row as summary.py writes it (totals over the cell's ``n`` examples)."""
+    return {
+        "dataset": "d", "cell": cell, "method_name": cell.split("[")[0], "method": method,
+        "target": target, "drafter": drafter, "params": json.dumps(params or {}), "n": n,
+        "walltime_s": walltime, "generated_tokens": tokens, "tokens_per_s": tokens / walltime,
+        "swi_ms": swi, "quality_rouge2": quality,
+    }  # fmt: skip
+
+
+def test_relative_latency_is_decoding_time_per_example_as_the_paper_measures_it():
+    # large: 2 examples, 100 tokens and 10 s each. The cascade stops after 50 tokens in 6 s per
+    # example: 0.6 of the large model's decoding time, although each token takes 1.2x as long.
+    # MS cost: 80 target passes for 100 tokens (SWI 1.25), 40 per example against AR's 100: 0.4.
+    # small: 60 tokens in 2.5 s per example (0.25), each of its passes 1/10 of the large's (MS
+    # cost by parameter count), so 0.1 * 60 / 100 = 0.06 of the large model's cost.
+    cells = pd.DataFrame(
+        [
+            _cell("ar-L", "autoregressive", n=2, walltime=20.0, tokens=200, swi=1.0, quality=20.0,
+                  drafter=None),
+            _cell("ar-S", "autoregressive", n=2, walltime=5.0, tokens=120, swi=1.0, quality=5.0,
+                  target="S", drafter=None),
+            _cell("sc[alpha=0.5]", "spec_cascade", n=2, walltime=12.0, tokens=100, swi=1.25, quality=18.0,
+                  params={"rule": "token", "k": 5, "alpha": 0.5}),
+        ]
+    )  # fmt: skip
+    environment = {"L": {"parameters": 1_000_000_000}, "S": {"parameters": 100_000_000}}
+    points = curve_points(cells, environment).set_index("role")
+    method, small, large = points.loc["method"], points.loc["small"], points.loc["large"]
+    assert method["relative_latency_walltime"] == pytest.approx(0.6)
+    assert method["relative_time_per_token"] == pytest.approx(1.2)
+    assert method["relative_latency_swi"] == pytest.approx(0.4)
+    assert small["relative_latency_walltime"] == pytest.approx(0.25)
+    assert small["relative_latency_swi"] == pytest.approx(0.06)
+    assert large["relative_latency_walltime"] == 1.0 and large["relative_latency_swi"] == 1.0
+
+
+def test_table2_metrics_of_a_curve_that_matches_only_beyond_the_large_models_latency():
+    # (relative latency, ROUGE-2) per α; α = 0.3 (1.2, 13) is dominated by α = 0.2 (1.1, 14).
+    # The large model scores 15: reached between (1.1, 14) and (1.4, 16) at 1.1 + 0.5 * 0.3 = 1.25,
+    # a 1 / 1.25 = 0.8x "reduction" (the paper prints such values, e.g. 0.84x). At latency 1 the
+    # frontier is 0.4 / 0.5 of the way from (0.6, 10) to (1.1, 14): 10 + 0.8 * 4 = 13.2.
+    curve = [(0.1, 0.6, 10.0), (0.2, 1.1, 14.0), (0.3, 1.2, 13.0), (0.4, 1.4, 16.0)]
+    rows = [
+        _cell("ar-L", "autoregressive", n=1, walltime=10.0, tokens=50, swi=1.0, quality=15.0, drafter=None)
+    ]
+    rows += [
+        _cell(f"lossy[alpha={a}]", "spec_cascade", n=1, walltime=10.0 * x, tokens=50, swi=1.0 / x, quality=y,
+              params={"rule": "lossy", "k": 5, "beta": 1.0, "tune_beta": False, "alpha": a})
+        for a, x, y in curve
+    ]  # fmt: skip
+    metrics = table2_metrics(curve_points(pd.DataFrame(rows))).iloc[0]
+    for axis in ("walltime", "swi"):
+        assert metrics[f"latency_reduction_{axis}"] == pytest.approx(0.8)
+        assert metrics[f"best_quality_{axis}"] == pytest.approx(13.2)
+        assert metrics[f"frontier_alphas_{axis}"] == "0.1 0.2 0.4"
+    assert metrics["large_quality"] == 15.0 and metrics["points"] == 4 and metrics["rule"] == "lossy"
+    assert json.loads(metrics["params"]) == {"beta": 1.0, "k": 5, "rule": "lossy", "tune_beta": False}
+    assert paper_label(metrics["method"], json.loads(metrics["params"])) == "SpecDecode [Lossy]"
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "label"),
+    [
+        ("spec_cascade", {"rule": "lossy", "tune_beta": False, "alpha": 0.3}, "SpecDecode [Lossy]"),
+        ("spec_cascade", {"rule": "lossy"}, "SpecDecode [Lossy]"),  # tune_beta not recorded: false
+        ("spec_cascade", {"rule": "lossy", "tune_beta": True}, "SpecDecode [Lossy*]"),
+        ("spec_cascade", {"rule": "sd"}, "SpecDecode"),
+        ("spec_cascade", {"rule": "bild"}, "BiLD*"),
+        ("spec_cascade", {"rule": "token"}, "SpecCascade [Token]"),
+        ("spec_cascade", {"rule": "token_v2"}, "SpecCascade [TokenV2]"),
+        ("spec_cascade", {"rule": "opt_log"}, None),  # not a rule the paper names
+        ("token_cascade", {"rule": "chow", "max_small_tokens": 10}, "TokenCascade [Chow]"),
+        ("token_cascade", {"rule": "chow_log"}, None),
+        ("seq_cascade", {"alpha": 0.5}, "SeqCascade [Chow]"),
+        ("oracle_cascade", {"rule": "diff"}, "Cascade [Diff] (oracle)"),
+        ("oracle_cascade", {"rule": "chow"}, None),
+        ("bild", {"fallback_alpha": 0.5}, "BiLD"),
+        ("speculative", {"k": 5}, None),
+    ],
+)
+def test_paper_label_names_the_papers_method_of_a_cell(method, params, label):
+    assert paper_label(method, params) == label
+    if set(params) <= {"rule"}:  # the older call with a rule name reads the same
+        assert paper_label(method, params.get("rule", "")) == label
+
+
+def test_a_broken_environment_json_is_one_line_naming_the_file(cascade_run: Path):
+    (cascade_run / "environment.json").write_text("{not json")
+    with pytest.raises(SpecbenchError, match=r"environment\.json: not a JSON object") as error:
+        run_points(cascade_run)
+    assert "\n" not in str(error.value) and "fix:" in str(error.value)
+
+
+# -- the recipes of the paper's settings -------------------------------------------------------------
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "spec_cascades"
+GEMMA_TASKS = {  # task -> the paper's dataset label in App. E.1 (spec_cascades.yaml setup)
+    "gsm8k_fewshot": "GSM8K", "mbpp": "MBPP", "squad_v2": "SQuAD2", "web_questions": "WebQuestions",
+    "natural_questions": "NaturalQA", "trivia_qa": "TriviaQA", "wmt14_en_de_fewshot": "WMT",
+    "cnn_dailymail_fewshot": "CNNDM",
+}  # fmt: skip
+
+
+def _recipes(pattern: str):
+    from specbench.recipe import load_recipe
+    from specbench.tasks import TASKS
+
+    paths = sorted(p for p in RECIPES.glob(pattern) if not p.stem.endswith("-tiny"))
+    return [(path, load_recipe(path, known_tasks=set(TASKS))) for path in paths]
+
+
+def test_gpu_recipes_cover_the_papers_temperatures_and_block_sizes():
+    t5 = _recipes("t5_small_large*.yaml")
+    gemma = _recipes("gemma_2b_27b*.yaml")
+    temperatures = {recipe.generation.temperature for _, recipe in t5}
+    assert temperatures == {0.0, 0.1, 0.5, 1.0}  # Sec. 6
+    for _, recipe in t5 + gemma:  # every recipe has the large and small AR points of its curves
+        assert {c.target for c in recipe.cells() if c.method == "autoregressive"} == {"large", "small"}
+    t5_k = {c.params["k"] for _, r in t5 for c in r.cells() if c.method == "spec_cascade"}
+    gemma_k = {c.params["k"] for _, r in gemma for c in r.cells() if c.method == "spec_cascade"}
+    assert t5_k == {3, 5, 7} and gemma_k == {1}  # App. E.4 for T5, Figure 3 for Gemma
+    (table2,) = [r for p, r in t5 if p.name == "t5_small_large.yaml"]
+    assert table2.generation.temperature == 1.0  # Table 2: T = 1, γ = 5, α swept per method
+    rules = {c.params["rule"] for c in table2.cells() if c.method == "spec_cascade" and c.params["k"] == 5}
+    assert {"sd", "lossy", "bild", "chow", "diff", "opt", "token"} <= rules
+    assert {"token_cascade", "seq_cascade"} <= {c.method for c in table2.cells()}
+    assert all(d.split == "validation" for _, r in t5 for d in r.datasets)  # App. E.1's samples
+
+
+def test_gemma_recipes_run_every_dataset_few_shot_at_the_papers_output_length():
+    lengths = spec_cascades_reference()["setup"]["gemma_max_output"]
+    seen = set()
+    for path, recipe in _recipes("gemma_2b_27b*.yaml"):
+        assert {m.source for m in recipe.models.values()} == {"google/gemma-2-27b-it", "google/gemma-2-2b-it"}
+        for dataset in recipe.datasets:
+            label = GEMMA_TASKS[dataset.task]
+            length = dataset.max_new_tokens or recipe.generation.max_new_tokens
+            assert length == lengths[label], (path.name, dataset.task)
+            seen.add(label)
+    assert seen == set(lengths)  # the eight datasets of App. E.1
+
+
+def test_t5_recipes_use_the_papers_output_length_per_dataset():
+    lengths = spec_cascades_reference()["setup"]["t5_datasets"]
+    labels = {"wmt14_en_de": "WMT", "xsum": "XSum", "cnn_dailymail": "CNNDM"}
+    for path, recipe in _recipes("t5_small_large*.yaml"):
+        for dataset in recipe.datasets:
+            length = dataset.max_new_tokens or recipe.generation.max_new_tokens
+            assert length == lengths[labels[dataset.task]]["max_output"], (path.name, dataset.task)
 
 
 # -- SpecDec++ -------------------------------------------------------------------------------------

@@ -1,23 +1,27 @@
 """Target distributions π = T(q, p) of Speculative Cascades against the paper's formulas, its lemmas
-(3, 5, 9), and the law of Algorithm 4's verification step (chi-square, exact reference).
+(3, 5, 9), and the law of a whole step of Algorithm 4 (chi-square against an exact reference).
 
-Hand-made rows on a 5- or 6-token vocabulary; the formulas are re-derived here one token at a time
-(plain Python), independently of the vectorised code.
+Hand-made rows on a 3- to 6-token vocabulary; the formulas, Tran-Thien's β and the law of a step are
+re-derived here one token at a time (plain Python, scipy's root finder), independently of the
+vectorised code.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
-import numpy as np
 import pytest
 import torch
+from scipy.optimize import brentq
 from scipy.stats import binomtest
 from test_acceptance import P, Q, assert_matches
 
 from specbench.decoding import deferral
 from specbench.decoding.acceptance import cascade_accept, speculative_accept
 from specbench.decoding.deferral import RULES, output_law, target, tuned_beta, tv_distance
+from specbench.decoding.sampling import SamplingParams
+from specbench.decoding.spec_cascades import step_target
 from specbench.recipe import SPEC_CASCADE_RULES
 
 F64 = torch.float64
@@ -50,6 +54,8 @@ def expected_delta(rule: str, q: list[float], p: list[float], alpha: float) -> b
     tv = sum(max(0.0, pv - qv) for pv, qv in zip(p, q, strict=True))
     nq = sum(v * math.log(v) for v in q if v > 0)
     np_ = sum(v * math.log(v) for v in p if v > 0)
+    # App. E.1's sampling discrepancy −Σ q log p, infinite where q(v) > 0 = p(v)
+    cross = sum(-qv * math.log(pv) if pv > 0 else math.inf for qv, pv in zip(q, p, strict=True) if qv > 0)
     return {
         "chow": max(q) < 1 - alpha,
         "diff": max(q) < max(p) - alpha,
@@ -57,7 +63,7 @@ def expected_delta(rule: str, q: list[float], p: list[float], alpha: float) -> b
         "chow_log": -nq > alpha,
         "diff_log": nq < np_ - alpha,
         "opt_log": nq < np_ - alpha * tv,
-        "bild": -sum(qv * math.log(pv) for qv, pv in zip(q, p, strict=True)) > alpha,
+        "bild": cross > alpha,
     }[rule]
 
 
@@ -71,6 +77,48 @@ def expected_token_reject(rule: str, q: list[float], p: list[float], alpha: floa
         }[rule]
         for qv, pv in zip(q, p, strict=True)
     ]
+
+
+def expected_beta(q: list[float], p: list[float], alpha: float) -> float:
+    """β >= 1 − α with Σ max{0, q − p/(1−α)} = Σ max{0, p/β − q} (App. E.6), by Brent's method;
+    inf when nothing is rejected (then p/β plays no part)."""
+    excess = sum(max(0.0, qv - pv / (1 - alpha)) for qv, pv in zip(q, p, strict=True))
+    if excess == 0:
+        return math.inf
+    return brentq(lambda b: sum(max(0.0, pv / b - qv) for qv, pv in zip(q, p, strict=True)) - excess,
+                  1 - alpha, 1e12, xtol=1e-14, rtol=1e-15)  # fmt: skip
+
+
+def expected_pi(rule: str, q: list[float], p: list[float], params: dict) -> list[float]:
+    """π = T(q, p) of Table 1 and Eqs. 6, 11, token by token."""
+    alpha = params.get("alpha", 0.0)
+    if rule == "sd":
+        return list(p)
+    if rule == "lossy":
+        beta = expected_beta(q, p, alpha) if params.get("tune_beta") else params["beta"]
+        return [max(min(qv, pv / (1 - alpha)), pv / beta) for qv, pv in zip(q, p, strict=True)]
+    if RULES[rule].kind == "token":
+        r = expected_token_reject(rule, q, p, alpha)
+        eta = sum(qv for qv, rv in zip(q, r, strict=True) if rv)
+        return [qv * (not rv) + pv * eta for qv, pv, rv in zip(q, p, r, strict=True)]
+    return list(p) if expected_delta(rule, q, p, alpha) else list(q)
+
+
+def expected_position(rule: str, q: list[float], p: list[float], params: dict):
+    """(q(v)·P(accept v), residual law) at a drafted position: Algorithm 4 on π, min{1, π/q} and
+    norm(max{0, π − q}); for lossy SD Tran-Thien's own rule instead, min{1, p/((1−α)q)} (Eq. 16) and
+    norm(max{0, p/β − q}) (Eq. 17)."""
+    if rule == "lossy":
+        alpha = params["alpha"]
+        beta = expected_beta(q, p, alpha) if params.get("tune_beta") else params["beta"]
+        kept = [min(qv, pv / (1 - alpha)) for qv, pv in zip(q, p, strict=True)]
+        excess = [max(0.0, pv / beta - qv) for qv, pv in zip(q, p, strict=True)]
+    else:
+        pi = expected_pi(rule, q, p, params)
+        kept = [min(qv, piv) for qv, piv in zip(q, pi, strict=True)]
+        excess = [max(0.0, piv - qv) for qv, piv in zip(q, pi, strict=True)]
+    total = sum(excess)
+    return kept, [e / total if total else 0.0 for e in excess]
 
 
 def test_rule_names_match_the_recipe_schema():
@@ -120,6 +168,48 @@ def test_token_v3_is_q_on_the_top_set_and_rescaled_p_elsewhere(alpha):
     assert torch.allclose(pi, Q5 * top + P5 * outside, atol=1e-15)
 
 
+# (rule, α, q, p, decision): each rule at its threshold exactly (dyadic rows, so exact in floats),
+# then just past it. δ and r are strict inequalities; Top_α of TokenV3 includes its boundary.
+QT, PT = [0.5, 0.25, 0.25, 0.0], [0.75, 0.25, 0.0, 0.0]  # max q = 0.5, max p = 0.75, D_TV = 0.25
+HALF, SURE = [0.5, 0.5, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]  # entropies log 2 and 0
+TIES = [
+    ("chow", 0.5, QT, PT, False),  # 0.5 < 1 − 0.5
+    ("chow", 0.25, QT, PT, True),
+    ("diff", 0.25, QT, PT, False),  # 0.5 < 0.75 − 0.25
+    ("diff", 0.125, QT, PT, True),
+    ("opt", 1.0, QT, PT, False),  # 0.5 < 0.75 − 1·0.25
+    ("opt", 0.5, QT, PT, True),
+    ("chow_log", math.log(2), HALF, SURE, False),  # log 2 > log 2
+    ("chow_log", 0.69, HALF, SURE, True),
+    ("diff_log", math.log(2), HALF, SURE, False),  # −log 2 < 0 − log 2
+    ("diff_log", 0.69, HALF, SURE, True),
+    ("opt_log", 2 * math.log(2), HALF, SURE, False),  # D_TV = 0.5
+    ("opt_log", 1.38, HALF, SURE, True),
+    ("token_v1", 0.25, QT, PT, [False, True, True, True]),  # q(v) < 0.75 − 0.25: q(0) = 0.5 is kept
+    ("token_v2", 0.5, QT, PT, [False, False, True, True]),  # p(v) < 0.25: p(1) = 0.25 is kept
+    ("token", 0.5, QT, [0.5, 0.25, 0.125, 0.125], [False, False, True, True]),  # p(v) < 0.5·0.5
+    ("token", 0.5, QT, PT, [False, True, True, True]),  # p(v) < 0.375
+]
+
+
+@pytest.mark.parametrize("rule, alpha, q, p, expected", TIES, ids=lambda v: str(v))
+def test_decisions_are_strict_at_their_thresholds(rule, alpha, q, p, expected):
+    got = deferral.decision(
+        rule, torch.tensor([q], dtype=F64), torch.tensor([p], dtype=F64), {"alpha": alpha}
+    )
+    assert got[0].tolist() == expected
+
+
+def test_bild_defers_only_past_the_threshold():
+    """δ = 1(D(q, p) > α) (Table 1): D = α keeps q."""
+    q, p = torch.tensor([QT], dtype=F64), torch.tensor([PT], dtype=F64)
+    d = float(deferral.discrepancy(q, p, "greedy"))
+    assert d == pytest.approx(-math.log(0.75), abs=1e-15)
+    for alpha, defers in ((d, False), (d - 1e-9, True)):
+        pi = target("bild", q, p, {"alpha": alpha, "discrepancy": "greedy"})
+        assert torch.equal(pi, p if defers else q)
+
+
 def test_bild_greedy_discrepancy_is_minus_log_p_of_the_drafters_argmax():
     d = deferral.discrepancy(Q5, P5, "greedy")
     assert d.tolist() == pytest.approx([-math.log(0.10), -math.log(0.30), -math.log(0.60)])
@@ -156,10 +246,34 @@ def test_tuned_beta_solves_the_condition_of_appendix_e6(alpha):
         left = (q - p / (1 - alpha)).clamp(min=0).sum(-1)
         right = (p / beta[:, None] - q).clamp(min=0).sum(-1)
         assert torch.allclose(left, right, atol=1e-12)
-        # and the lossy law then sums to 1 with no renormalisation (Tran-Thien's point)
         pi = target("lossy", q, p, {"alpha": alpha, "tune_beta": True})
+        expected = [
+            expected_pi("lossy", qr, pr, {"alpha": alpha, "tune_beta": True})
+            for qr, pr in zip(rows(q), rows(p), strict=True)
+        ]
+        assert torch.allclose(pi, torch.tensor(expected, dtype=F64), atol=1e-12)
+        # and the lossy law then sums to 1 with no renormalisation (Tran-Thien's point)
         law = torch.minimum(q, pi) + (pi - q).clamp(min=0)
         assert torch.allclose(law.sum(-1), torch.ones(q.shape[0], dtype=F64), atol=1e-12)
+
+
+def test_lossy_target_on_hand_computed_rows():
+    """q = (0.6, 0.4, 0), p = (0.2, 0.4, 0.4), α = 0.5: p/(1−α) = (0.4, 0.8, 0.8).
+    β = 1: π = max{(0.4, 0.4, 0), (0.2, 0.4, 0.4)} = (0.4, 0.4, 0.4), which sums to 1.2.
+    Tuned: the excess Σ max{0, q − 2p} = 0.2 equals Σ max{0, p/β − q} = 0.4/β at β = 2 (App. E.6),
+    and π = max{(0.4, 0.4, 0), (0.1, 0.2, 0.2)} = (0.4, 0.4, 0.2) sums to 1."""
+    q = torch.tensor([[0.6, 0.4, 0.0]], dtype=F64)
+    p = torch.tensor([[0.2, 0.4, 0.4]], dtype=F64)
+    one = target("lossy", q, p, {"alpha": 0.5, "beta": 1.0})
+    assert one[0].tolist() == pytest.approx([0.4, 0.4, 0.4], abs=1e-15)
+    assert float(tuned_beta(q, p, 0.5)[0]) == pytest.approx(2.0, abs=1e-12)
+    tuned = target("lossy", q, p, {"alpha": 0.5, "tune_beta": True})
+    assert tuned[0].tolist() == pytest.approx([0.4, 0.4, 0.2], abs=1e-12)
+    # nothing rejected (q <= p/(1−α) everywhere): π = q, with β = inf where q = 0 < p
+    q = torch.tensor([[0.5, 0.5, 0.0], [0.3, 0.3, 0.4]], dtype=F64)
+    p = torch.tensor([[0.4, 0.4, 0.2], [0.3, 0.3, 0.4]], dtype=F64)
+    assert tuned_beta(q, p, 0.2).tolist() == pytest.approx([math.inf, 1.0])
+    assert torch.allclose(target("lossy", q, p, {"alpha": 0.2, "tune_beta": True}), q, atol=1e-15)
 
 
 @pytest.mark.parametrize("rule", ["chow", "diff", "opt", "chow_log", "diff_log", "opt_log"])
@@ -168,8 +282,9 @@ def test_lemma_5_rejection_rate_is_delta_times_tv(rule):
     for alpha in (0.0, 0.1, 0.3):
         pi = target(rule, Q5, P5, {"alpha": alpha})
         rejection = (Q5 - torch.minimum(Q5, pi)).sum(-1)
-        delta = deferral.decision(rule, Q5, P5, {"alpha": alpha})
-        assert torch.allclose(rejection, delta * tv_distance(P5, Q5), atol=1e-15)
+        for q, p, rate in zip(rows(Q5), rows(P5), rejection.tolist(), strict=True):
+            tv = sum(max(0.0, pv - qv) for pv, qv in zip(p, q, strict=True))
+            assert rate == pytest.approx(expected_delta(rule, q, p, alpha) * tv, abs=1e-15)
 
 
 def test_lemma_5_rejection_rate_by_sampling():
@@ -219,45 +334,56 @@ def test_speculative_accept_is_cascade_accept_with_pi_equal_p():
         assert (int(a.n_accepted), int(a.next_token)) == (int(b.n_accepted), int(b.next_token))
 
 
-# rules and parameters of the sampling tests: normalised targets and lossy SD (whose law is not π)
-SAMPLED = [
+# A step of Algorithm 4 with γ = 2 on a 4-token vocabulary, one row per position (the bonus row
+# last): the mixture rules below defer at positions 1 and 3 and keep q at position 2, the token rules
+# mix; no row sits on a threshold; q never drafts token 3 at position 2, where p has mass.
+QS = [[0.40, 0.30, 0.20, 0.10], [0.70, 0.20, 0.10, 0.00], [0.25, 0.25, 0.25, 0.25]]
+PS = [[0.05, 0.15, 0.30, 0.50], [0.50, 0.20, 0.05, 0.25], [0.60, 0.00, 0.30, 0.10]]
+STEP_RULES = [
+    ("sd", {}),
+    ("chow", {"alpha": 0.4}),
     ("opt", {"alpha": 0.1}),
-    ("token", {"alpha": 0.3}),
-    ("token_v1", {"alpha": 0.1}),
-    ("bild", {"alpha": 1.5, "discrepancy": "sampling"}),
-    ("lossy", {"alpha": 0.4, "beta": 1.0}),
+    ("diff_log", {"alpha": 0.05}),
+    ("bild", {"alpha": 1.2, "discrepancy": "sampling"}),
+    ("token_v1", {"alpha": 0.12}),
+    ("token_v2", {"alpha": 0.15}),
+    ("token", {"alpha": 0.45}),
+    ("lossy", {"alpha": 0.3, "beta": 1.0}),
     ("lossy", {"alpha": 0.3, "tune_beta": True}),
 ]
 
 
-@pytest.mark.parametrize("rule, params", SAMPLED, ids=lambda v: str(v))
-def test_first_token_of_a_step_follows_the_target_law(rule, params):
-    """Drafts sampled from q (k = 2), verified against π: the first committed token follows
-    output_law(q_1, π_1), which is π_1 for every rule but lossy SD."""
-    k, trials = 2, 4000
-    gen = torch.Generator().manual_seed(11)
-    q, p = Q[:k], P[: k + 1]
-    pi = target(rule, torch.cat([q, Q[2:3]]), p, params)
-    law = output_law(q[:1], pi[:1])[0]
+def expected_step(rule: str, params: dict) -> dict[tuple[int, ...], float]:
+    """Exact law of the tokens one step commits, (a), (a, b) or (a, b, c): the first rejection draws
+    from the residual; after two acceptances the bonus follows π_3 (for lossy SD, whose π need not
+    sum to 1, the law a drafted token would follow there: Tran-Thien's)."""
+    (kept1, res1), (kept2, res2), (kept3, res3) = (
+        expected_position(rule, q, p, params) for q, p in zip(QS, PS, strict=True)
+    )
+    bonus = [k + (1 - sum(kept3)) * r for k, r in zip(kept3, res3, strict=True)]
     if rule != "lossy":
-        assert torch.allclose(law, pi[0], atol=1e-12)
-    counts = np.zeros(6)
-    drafts_all = torch.multinomial(q, trials, replacement=True, generator=gen).T
-    for drafts in drafts_all:
-        verdict = cascade_accept(drafts, q, pi, gen)
-        n = int(verdict.n_accepted)
-        counts[int(drafts[0]) if n >= 1 else int(verdict.next_token)] += 1
-    assert_matches(counts, law.numpy(), f"{rule} {params}")
+        assert bonus == pytest.approx(expected_pi(rule, QS[2], PS[2], params), abs=1e-15)
+    tokens = range(len(QS[0]))
+    law = {(a,): (1 - sum(kept1)) * res1[a] for a in tokens}
+    law |= {(a, b): kept1[a] * (1 - sum(kept2)) * res2[b] for a, b in itertools.product(tokens, tokens)}
+    law |= {(a, b, c): kept1[a] * kept2[b] * bonus[c] for a, b, c in itertools.product(tokens, repeat=3)}
+    return law
 
 
-def test_bonus_token_follows_pi_at_position_gamma():
-    """All drafts accepted (π = q on the drafted rows): the bonus follows π_{γ+1}."""
-    gen = torch.Generator().manual_seed(8)
-    q, trials = Q[:2], 3000
-    pi = torch.cat([q, target("token", Q[2:3], P[2:3], {"alpha": 0.3})])
-    counts = np.zeros(6)
-    for drafts in torch.multinomial(q, trials, replacement=True, generator=gen).T:
-        verdict = cascade_accept(drafts, q, pi, gen)
-        assert int(verdict.n_accepted) == 2
-        counts[int(verdict.next_token)] += 1
-    assert_matches(counts, pi[2].numpy(), "bonus")
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("rule, params", STEP_RULES, ids=lambda v: str(v))
+def test_a_step_of_algorithm_4_commits_tokens_with_the_exact_law(rule, params):
+    """Drafts x_1, x_2 ~ q_1, q_2; π_1..π_3 built by spec_cascades.step_target (T = 1, logits log p)
+    and verified by cascade_accept: the committed tokens follow expected_step, from the paper's
+    formulas alone."""
+    q, p = torch.tensor(QS, dtype=F64), torch.tensor(PS, dtype=F64)
+    expected = [expected_pi(rule, qr, pr, params) for qr, pr in zip(QS, PS, strict=True)]
+    assert torch.allclose(target(rule, q, p, params), torch.tensor(expected, dtype=F64), atol=1e-12)
+    drafted, pi = step_target(rule, params, q, None, p.log(), SamplingParams(temperature=1.0))
+    law = expected_step(rule, params)
+    gen = torch.Generator().manual_seed(17)
+    counts = dict.fromkeys(law, 0)
+    for drafts in torch.multinomial(drafted, 3000, replacement=True, generator=gen).T:
+        verdict = cascade_accept(drafts, drafted, pi, gen)
+        counts[tuple(drafts[: int(verdict.n_accepted)].tolist()) + (int(verdict.next_token),)] += 1
+    assert_matches(list(counts.values()), list(law.values()), f"{rule} {params}")

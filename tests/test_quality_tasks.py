@@ -31,6 +31,10 @@ NEW_TASKS = {
     "web_questions": ("stanfordnlp/web_questions", None, "test", ("exact_match", "f1")),
     "natural_questions": ("google-research-datasets/nq_open", None, "validation", ("exact_match", "f1")),
     "trivia_qa": ("mandarjoshi/trivia_qa", "rc.nocontext", "validation", ("exact_match", "f1")),
+    # the few-shot prompts of the paper's Gemma cascades, on the same hub datasets
+    "wmt14_en_de_fewshot": ("wmt/wmt14", "de-en", "test", ("bleu",)),
+    "cnn_dailymail_fewshot": ("abisee/cnn_dailymail", "3.0.0", "test", ("rouge2",)),
+    "gsm8k_fewshot": ("openai/gsm8k", "main", "test", ("accuracy",)),
 }
 
 # one row of each task in its hub schema
@@ -72,7 +76,13 @@ HUB_ROWS = {
         "question_source": "http://www.quiz.example",
         "answer": {"value": "William Shakespeare", "aliases": ["Shakespeare", "William Shakespeare"]},
     },
+    "gsm8k_fewshot": {
+        "question": "Tom has 3 boxes of 4 apples. How many apples does he have?",
+        "answer": "3 boxes of 4 apples is 3 * 4 = <<3*4=12>>12 apples.\n#### 12",
+    },
 }
+HUB_ROWS["wmt14_en_de_fewshot"] = HUB_ROWS["wmt14_en_de"]
+HUB_ROWS["cnn_dailymail_fewshot"] = HUB_ROWS["cnn_dailymail"]
 
 
 @pytest.fixture
@@ -232,6 +242,114 @@ def test_closed_book_qa_scores_the_first_line_against_every_alias():
     assert scores == {"exact_match": 0.0, "f1": 1.0}
 
 
+# -- the few-shot prompts of the Gemma cascades (App. E.1: "We employ few-shot inference") -------
+
+
+def test_gsm8k_fewshot_prompt_is_the_eight_shot_chain_of_thought_prompt():
+    example = build("gsm8k_fewshot")
+    blocks = example.prompt.split("\n\n")
+    assert len(blocks) == 9 and all(b.startswith("Q: ") and "\nA: " in b for b in blocks[:-1])
+    assert blocks[0] == (
+        "Q: There are 15 trees in the grove. Grove workers will plant trees in the grove today. After "
+        "they are done, there will be 21 trees. How many trees did the grove workers plant today?\n"
+        "A: There are 15 trees originally. Then there were 21 trees after some more were planted. So "
+        "there must have been 21 - 15 = 6. The answer is 6."
+    )
+    assert blocks[-1] == "Q: Tom has 3 boxes of 4 apples. How many apples does he have?\nA:"
+    # every exemplar states the number its own arithmetic gives
+    assert [b.rsplit("The answer is ", 1)[1] for b in blocks[:-1]] == [
+        "6.",
+        "5.",
+        "39.",
+        "8.",
+        "9.",
+        "29.",
+        "33.",
+        "8.",
+    ]
+    assert example.reference == "12" and get_task("gsm8k_fewshot").metric == "accuracy"
+
+
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        (" 3 * 4 = 12. The answer is 12.", 1.0),
+        (" 3 * 4 = 12. The answer is 12.\n\nQ: Ann has 7 pens and buys 5. How many?\nA: 7 + 5 = 12 ...", 1.0),
+        # the model's own next question is cut off: its numbers never count
+        (" He has 3 * 4 = 12 apples.\n\nQ: Ann has 7 pens and buys 6. The answer is 13.", 1.0),
+        (" The answer is 1,200. Later 3 * 4 = 12.", 0.0),  # the stated answer wins over the last number
+        (" The answer is $12.00.", 1.0),
+        (" 3 boxes, 4 apples each", 0.0),  # no stated answer: the last number, 4
+        ("\nQ: What now?", 0.0),  # nothing before the next question
+    ],
+)
+def test_gsm8k_fewshot_grades_the_stated_answer_before_the_next_question(output, expected):
+    assert get_task("gsm8k_fewshot").score(build("gsm8k_fewshot"), output) == {"accuracy": expected}
+
+
+def test_wmt_fewshot_prompt_and_corpus_bleu_of_the_first_line():
+    example = build("wmt14_en_de_fewshot")
+    assert example.prompt.startswith("Translate English to German.\n\nEnglish: ")
+    assert example.prompt.endswith("\n\nEnglish: The house is small.\nGerman:")
+    assert example.prompt.count("\nGerman: ") == 5 and example.reference == "Das Haus ist klein."
+    task = get_task("wmt14_en_de_fewshot")
+    # the model goes on with the next exemplar; only the first line is its translation
+    output = " Das Haus ist klein.\n\nEnglish: The dog barks.\nGerman: Der Hund bellt."
+    assert task.score(example, output) == {"bleu": pytest.approx(100.0)}
+    assert task.corpus_statistics(example, output) == {"bleu": [5, 5, 5, 4, 3, 2, 5, 4, 3, 2]}
+
+
+def test_cnn_dailymail_fewshot_prompt_and_rouge2_before_the_next_article():
+    example = build("cnn_dailymail_fewshot")
+    assert example.prompt.startswith("Summarize each news article in a few short sentences.\n\nArticle: ")
+    assert example.prompt.endswith("\n\nArticle: Some news story.\nSummary:")
+    assert (
+        example.prompt.count("\nSummary: ") == 1
+        and example.reference == HUB_ROWS["cnn_dailymail"]["highlights"]
+    )
+    # reference "point one point two" (4 bigrams after tokenisation): the output before the next
+    # article has exactly those, so ROUGE-2 is 100; the appended article would halve the precision
+    output = " Point one.\nPoint two.\n\nArticle: Point one point two point three"
+    assert get_task("cnn_dailymail_fewshot").score(example, output) == {"rouge2": pytest.approx(100.0)}
+
+
+# -- malformed rows: one line naming the file, the row and the fix --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("task", "row", "problem"),
+    [
+        (
+            "wmt14_en_de",
+            {"translation": {"en": "The house is small."}},
+            "field 'translation' must be an object",
+        ),
+        ("natural_questions", {"question": "who wrote hamlet", "answer": []}, "field 'answer' holds no"),
+        ("web_questions", {"question": "q?", "answers": ["", " "]}, "field 'answers' holds no"),
+        ("mbpp", {"text": "Add.", "test_list": "assert add(1, 2) == 3"}, "field 'test_list' must be a list"),
+        ("trivia_qa", {"question": "q?", "answer": "Paris"}, "field 'answer' must be an object"),
+        ("squad_v2", {"context": "c", "question": "q?", "answers": ["Paris"]}, "field 'answers' must be an"),
+    ],
+)
+def test_a_row_of_the_wrong_shape_is_one_line_naming_file_row_and_schema(
+    tmp_path, no_data_dir, task, row, problem
+):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(SpecbenchError) as error:
+        get_task(task).load(data_files=str(path))
+    message = str(error.value)
+    assert message.startswith(f"{path}: row 0 does not fit task {task}") and problem in message
+    assert "\n" not in message and f"fix: use a JSONL file in the schema of {TASKS[task].hub_id}" in message
+
+
+def test_a_single_answer_string_is_one_gold_answer_not_its_letters():
+    row = {"question": "capital of france?", "answers": "Paris"}
+    example = TASKS["web_questions"].build(row, "w/0")
+    assert example.answers == ("Paris",)
+    assert get_task("web_questions").score(example, "P") == {"exact_match": 0.0, "f1": 0.0}
+
+
 # -- the cell summary ------------------------------------------------------------------------
 
 
@@ -297,7 +415,9 @@ def hub(monkeypatch, no_data_dir):
 
     def load_dataset(path, name=None, split=None, **kwargs):
         calls.append((path, name, split))
-        task = next(t for t in TASKS.values() if t.hub_id == path and t.hub_config == name)
+        task = next(
+            t for t in TASKS.values() if t.hub_id == path and t.hub_config == name and t.name in HUB_ROWS
+        )
         return [HUB_ROWS[task.name]] * 3
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)

@@ -1,6 +1,7 @@
 """Speculative cascades end to end on tiny float64 models: π = p is speculative decoding token for
 token, sampled outputs follow the cascade's exact law, greedy speculative execution equals the
-oracle cascade it implements, the sequential cascades' forward counts, recipes and their errors.
+oracle cascade it implements, the sequential cascades' tokens (against plain step-by-step readings
+of the paper) and forward counts, recipes and their errors.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import pandas as pd
 import pytest
 import torch
 from test_acceptance import TINY_OPTIONS, assert_matches
+from test_deferral import expected_position
 from typer.testing import CliRunner
 
 from specbench.cli import app
 from specbench.decoding import autoregressive, spec_cascades, speculative
 from specbench.decoding import sequential_cascades as seq
-from specbench.decoding.deferral import RULES, output_law, target
+from specbench.decoding.deferral import RULES
 from specbench.decoding.sampling import SamplingParams
 from specbench.errors import SpecbenchError
 from specbench.methods import METHOD_FUNCTIONS, is_lossless
@@ -182,15 +184,17 @@ def test_forward_counts_and_deferrals(weights):
 
 
 def exact_cascade_joint(large, small, prompt, rule, params, sampling) -> np.ndarray:
-    """P(x_1, x_2) = law_1(x_1)·law_2(x_2 | x_1), law_t = output_law(q_t, T(q_t, p_t)), from full
-    no-cache forwards of both models."""
+    """P(x_1, x_2) = law_1(x_1)·law_2(x_2 | x_1), law_t the law of a token Algorithm 4 emits from
+    q_t against π_t = T(q_t, p_t), from the paper's formulas (test_deferral.expected_position) and
+    full no-cache forwards of both models."""
 
     def law(prefix: tuple) -> torch.Tensor:
         ids = torch.cat([prompt, torch.tensor(prefix, dtype=torch.long)])[None]
         with torch.no_grad():
-            q = sampling.probs(small(input_ids=ids).logits[0, -1:])
-            p = sampling.probs(large(input_ids=ids).logits[0, -1:])
-        return output_law(q, target(rule, q, p, params))[0]
+            q = sampling.probs(small(input_ids=ids).logits[0, -1]).tolist()
+            p = sampling.probs(large(input_ids=ids).logits[0, -1]).tolist()
+        kept, residual = expected_position(rule, q, p, params)
+        return torch.tensor(kept, dtype=F64) + (1 - sum(kept)) * torch.tensor(residual, dtype=F64)
 
     first = law(())
     vocab = first.shape[0]
@@ -308,6 +312,76 @@ def test_seq_cascade_keeps_or_replaces_the_whole_response(weights):
     large_ar = autoregressive.generate(large, prompt, max_new_tokens=MAX_NEW).tokens
     assert seq.seq_cascade(large, small, prompt, alpha=1.0, max_new_tokens=MAX_NEW).tokens == small_ar
     assert seq.seq_cascade(large, small, prompt, alpha=0.0, max_new_tokens=MAX_NEW).tokens == large_ar
+
+
+def softmax_rows(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    """The T = 1 next-token distribution after ``ids``, from one full no-cache forward."""
+    with torch.no_grad():
+        return torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, -1], -1)
+
+
+def reference_token_cascade(large_w, small_w, prompt, alpha, cap):
+    """Algorithm 2 with Chow's δ (Eq. 2), greedy: the large model's argmax where max q < 1 − α or after
+    ``cap`` small-model tokens in a row (App. E.1; 0: no cap), the small model's argmax otherwise."""
+    out, run = [], 0
+    while len(out) < MAX_NEW:
+        prefix = prompt.tolist() + out
+        defer = run == cap > 0 or float(softmax_rows(small_w, prefix).max()) < 1 - alpha
+        out.append(int(softmax_rows(large_w if defer else small_w, prefix).argmax()))
+        run = 0 if defer else run + 1
+    return out
+
+
+def reference_bild(large_w, small_w, prompt, alpha, fallback_alpha, k):
+    """Original BiLD, greedy: the small model drafts while max q >= 1 − α_f, at most k tokens; the
+    large model keeps the drafts before the first −log p(argmax q) > α and adds its argmax."""
+    out = []
+    while len(out) < MAX_NEW:
+        drafts = []
+        while len(drafts) < min(k, MAX_NEW - len(out) - 1):
+            q = softmax_rows(small_w, prompt.tolist() + out + drafts)
+            if float(q.max()) < 1 - fallback_alpha:
+                break
+            drafts.append(int(q.argmax()))
+        for j in range(len(drafts) + 1):
+            p = softmax_rows(large_w, prompt.tolist() + out + drafts[:j])
+            if j == len(drafts) or -float(p[drafts[j]].log()) > alpha:
+                out += drafts[:j] + [int(p.argmax())]
+                break
+    return out
+
+
+def test_sequential_baselines_match_a_plain_reading_of_the_paper(weights):
+    """Greedy TokenCascade (with its cap), SeqCascade (Eq. 1) and BiLD at thresholds that make them
+    mix both models, against step-by-step references built from full forwards of the raw models."""
+    mixed = {"token": set(), "bild": set()}  # some run mixes both models (BiLD: a partial rollback)
+    for seed in range(3):
+        large_w, small_w = weights("tiny-llama", seed), weights("tiny-llama", seed, "noisy")
+        large, small = HFModel(large_w, "large"), HFModel(small_w, "small")
+        prompt = prompt_for(seed)
+        for alpha, cap in ((0.3, 0), (0.5, 3), (0.7, 2)):
+            ours = seq.token_cascade(
+                large, small, prompt, rule="chow", alpha=alpha, max_small_tokens=cap, max_new_tokens=MAX_NEW
+            )
+            assert ours.tokens == reference_token_cascade(large_w, small_w, prompt, alpha, cap)
+            mixed["token"].add(0 < ours.deferrals < MAX_NEW)
+        for alpha, fallback_alpha, k in ((0.5, 0.5, 4), (1.0, 0.7, 3), (2.0, 0.9, 10)):
+            ours = seq.bild(
+                large, small, prompt, alpha=alpha, fallback_alpha=fallback_alpha, k=k,
+                discrepancy_metric="greedy", max_new_tokens=MAX_NEW,
+            )  # fmt: skip
+            assert ours.tokens == reference_bild(large_w, small_w, prompt, alpha, fallback_alpha, k)
+            mixed["bild"].add(any(0 < n < d for d, n in ours.steps))
+        small_ar = autoregressive.generate(small, prompt, max_new_tokens=MAX_NEW).tokens
+        large_ar = autoregressive.generate(large, prompt, max_new_tokens=MAX_NEW).tokens
+        q_response = np.prod(
+            [float(softmax_rows(small_w, prompt.tolist() + small_ar[:i])[x]) for i, x in enumerate(small_ar)]
+        )
+        # Eq. 1: the large model's response iff q(small model's response) < 1 − α
+        for alpha, defers in ((1 - 2 * q_response, True), (1 - q_response / 2, False)):
+            ours = seq.seq_cascade(large, small, prompt, alpha=alpha, max_new_tokens=MAX_NEW)
+            assert ours.tokens == (large_ar if defers else small_ar)
+    assert True in mixed["token"] and True in mixed["bild"], mixed
 
 
 # -- recipes ---------------------------------------------------------------------------------------

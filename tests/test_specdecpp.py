@@ -23,6 +23,7 @@ from specbench import specdecpp
 from specbench.decoding import autoregressive, hf_generate, speculative
 from specbench.decoding.sampling import SamplingParams
 from specbench.decoding.specdecpp import AcceptanceHead, OracleDrafter, SpecDecPPDrafter, should_stop
+from specbench.efficiency import discard_verification_rates, time_per_token
 from specbench.errors import SpecbenchError
 from specbench.methods import METHOD_FUNCTIONS, Request, is_lossless
 from specbench.models.base import ModelDrafter
@@ -75,6 +76,13 @@ def test_head_shapes_and_depth_zero_is_one_linear_layer():
     assert len(linear.blocks) == 0 and sum(p.numel() for p in linear.parameters()) == HIDDEN + 1
     expected = torch.sigmoid(x @ linear.out.weight[0] + linear.out.bias[0])
     torch.testing.assert_close(linear.probability(x), expected)
+    # D = 3 by hand: h <- h + SiLU(W_d h + b_d) three times, then a linear read-out and a sigmoid
+    h = x
+    for block in head.blocks:
+        z = h @ block.linear.weight.T + block.linear.bias
+        h = h + z / (1 + torch.exp(-z))
+    expected = 1 / (1 + torch.exp(-(h @ head.out.weight[0] + head.out.bias[0])))
+    torch.testing.assert_close(head.probability(x), expected)
 
 
 # -- training data -----------------------------------------------------------------------------
@@ -132,6 +140,24 @@ def test_mixing_ratio_is_respected_in_expectation(pair):
         _build(pair, examples, mixing_ratio=r)
         kept = torch.cat([e.keep for e in examples]).double()
         assert abs(float(kept.mean()) - r) < 4 * math.sqrt(r * (1 - r) / kept.numel())
+
+
+def test_draft_tokens_are_samples_of_q_on_the_targets_prefix(pair):
+    """Z_i ~ q_i(. | x, Y_<i): 800 copies of one (x, Y), each with its own seed, against q by chi-square."""
+    prompt, response = prompt_for(2), torch.tensor([5, 9, 3])
+    examples = [specdecpp.Example(prompt, response) for _ in range(800)]
+    _build(pair, examples, teacher_batch=200)
+    a = prompt.shape[0]
+    with torch.no_grad():
+        logits = pair[1](torch.cat([prompt, response])[None]).logits[0, a - 1 : a + 2]
+    q = torch.softmax(logits, -1)
+    for i in range(3):
+        counts = torch.bincount(torch.stack([e.draft[i] for e in examples]), minlength=VOCAB)
+        expected = 800 * q[i]
+        big = expected >= 5  # pool the rare tokens into one cell
+        observed = [*counts[big].tolist(), int(counts[~big].sum())]
+        wanted = [*expected[big].tolist(), float(expected[~big].sum())]
+        assert chisquare(observed, wanted).pvalue > 1e-3
 
 
 def test_draft_samples_do_not_depend_on_the_batching(pair):
@@ -214,6 +240,43 @@ def test_stop_positions_from_hand_set_predictions(
     assert model.counter.forward_passes == expected
 
 
+class RecordingHead(AcceptanceHead):
+    """A real head that keeps every hidden state the drafter shows it."""
+
+    def __init__(self, hidden_size: int, depth: int):
+        super().__init__(hidden_size, depth)
+        self.seen: list[torch.Tensor] = []
+
+    def probability(self, hidden: torch.Tensor) -> torch.Tensor:
+        self.seen.append(hidden.clone())
+        return super().probability(hidden)
+
+
+def test_the_head_reads_at_inference_what_training_feeds_it(tiny_model):
+    """At inference the head gets the draft's final hidden state at candidate Y_i's own position, the
+    feature build_examples computes for Z_i; the round length then follows by hand from those p̂."""
+    weights = tiny_model("tiny-llama", 2, vocab_size=VOCAB)
+    model = HFModel(weights, "drafter")
+    lengths = set()
+    for seed, threshold in itertools.product(range(3), (0.3, 0.6, 0.9)):
+        torch.manual_seed(seed)
+        head = RecordingHead(HIDDEN, 2)
+        with torch.no_grad():
+            head.out.bias.fill_(1.5)
+        drafter = SpecDecPPDrafter(model, head, threshold=threshold, min_length=2)
+        prompt = prompt_for(seed)
+        drafter.start(prompt)
+        draft = drafter.propose(torch.empty(0, dtype=torch.long), 12, SamplingParams(), None)
+        n, a = len(draft), prompt.shape[0]
+        with torch.no_grad():
+            features = specdecpp._hidden(weights, [torch.cat([prompt, draft.tokens])])[0, a : a + n]
+            p_hat = AcceptanceHead.probability(head, features).tolist()  # p̂_1, ..., p̂_n
+        torch.testing.assert_close(torch.stack(head.seen), features[: n - 1])
+        assert n == should_stop(p_hat, threshold, 2, 12)
+        lengths.add(n)
+    assert len(lengths) >= 3
+
+
 def test_an_eos_candidate_ends_the_round(tiny_model):
     model = HFModel(tiny_model("tiny-llama", 0, vocab_size=VOCAB), "drafter")
     prompt = prompt_for(4)
@@ -243,6 +306,14 @@ def test_greedy_specdecpp_matches_autoregressive_token_for_token(tiny_model):
             got = speculative.generate(target, drafter, prompt, k=high, max_new_tokens=20)
             assert got.tokens == expected
             lengths.update(d for d, _ in got.steps)
+            # Eq. 2.1-2.3 hold for the counted passes: n candidates cost n draft passes
+            n_draft = got.forwards["drafter"]["forward_passes"]
+            n_target = got.forwards["target"]["forward_passes"]
+            assert n_draft == sum(d for d, _ in got.steps) and n_target == len(got.steps)
+            r_discard, r_verify = discard_verification_rates(got.steps, len(got.tokens))
+            assert 20 * time_per_token(0.02, 0.1, r_discard, r_verify) == pytest.approx(
+                0.02 * n_draft + 0.1 * n_target
+            )
     assert len(lengths) >= 5  # the rounds really had adaptive lengths
 
 

@@ -57,6 +57,9 @@ def test_registry_names_and_unknown_task_lists_them():
         "web_questions",
         "natural_questions",
         "trivia_qa",
+        "gsm8k_fewshot",
+        "wmt14_en_de_fewshot",
+        "cnn_dailymail_fewshot",
     }
     assert get_task("gsm8k").hub_id == "openai/gsm8k" and get_task("gsm8k").hub_config == "main"
     assert get_task("mmlu").hub_id == "cais/mmlu" and get_task("mmlu").hub_config == "all"

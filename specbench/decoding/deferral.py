@@ -82,7 +82,8 @@ def tuned_beta(q: torch.Tensor, p: torch.Tensor, alpha: float, iterations: int =
         Σ_v max{0, q(v) − p(v)/(1−α)} = Σ_v max{0, p(v)/β − q(v)}.
 
     The right side grows with s = 1/β from 0 (s = 0) past the left side (s = 1/(1−α)), so bisection
-    on s finds it (the paper grid-searches 1000 values); the largest such s is kept.
+    on s finds the root exactly (the paper grid-searches 1000 values of β in [α, 10]); the largest
+    such s is kept. Where nothing is rejected (left side 0) every s <= min q/p fits and π = q.
     """
     excess = (q - p / (1 - alpha)).clamp(min=0).sum(-1)
     low = torch.zeros_like(excess)
@@ -91,7 +92,7 @@ def tuned_beta(q: torch.Tensor, p: torch.Tensor, alpha: float, iterations: int =
         mid = (low + high) / 2
         fits = (mid[..., None] * p - q).clamp(min=0).sum(-1) <= excess
         low, high = torch.where(fits, mid, low), torch.where(fits, high, mid)
-    return 1 / low  # inf where no mass is ever rejected (then p/β = 0 and π = q)
+    return 1 / low  # inf where only s = 0 fits (q = 0 < p on some token): then p/β = 0
 
 
 # -- deferral decisions δ(q, p) -> [n] bool, token-specific r(q, p) -> [n, V] bool -----------------

@@ -66,7 +66,7 @@ class AcceptanceHead(nn.Module):
         return torch.sigmoid(self.forward(hidden.to(self.out.weight.dtype)))
 
 
-class SpecDecPPDrafter:
+class SpecDecPPDrafter(ModelDrafter):
     """The draft model plus its acceptance head, stopping each round by Algorithm 2's threshold rule.
 
     Run it through ``speculative.generate`` with ``k = max_length``.
@@ -86,21 +86,14 @@ class SpecDecPPDrafter:
                 f"the acceptance head reads {head.hidden_size}-wide hidden states, but {model.name}'s are "
                 f"{model.model.config.get_text_config().hidden_size}-wide"
             )
-        self.model, self.head = model, head
+        super().__init__(model)
+        self.head = head
         self.threshold, self.min_length = threshold, min_length
-        self.name = model.name
-        self.counter = model.counter
         self.num_parameters = model.num_parameters + sum(p.numel() for p in head.parameters())
         self._eos = None
         if eos_token_id:
             self._eos = torch.tensor(sorted(eos_token_id), dtype=torch.long, device=model.device)
         model.keep_hidden = True  # the head reads the hidden state of the pass score() already makes
-
-    def start(self, prompt_ids: torch.Tensor) -> None:
-        self.model.start(prompt_ids)
-
-    def rollback(self, n_tokens: int) -> None:
-        self.model.rollback(n_tokens)
 
     @torch.inference_mode()
     def acceptance(self) -> torch.Tensor:
@@ -155,7 +148,7 @@ def should_stop(predicted: list[float], threshold: float, min_length: int, max_l
     return max_length
 
 
-class OracleDrafter:
+class OracleDrafter(ModelDrafter):
     """Lemma 2.1's oracle for greedy decoding: draft exactly up to the first disagreement.
 
     ``reference`` is the target's greedy output. Before decoding, one teacher-forced draft pass over
@@ -168,17 +161,9 @@ class OracleDrafter:
     """
 
     def __init__(self, model: HFModel, prompt_ids: torch.Tensor, reference: list[int]):
-        self.inner = ModelDrafter(model)
-        self.name, self.counter = model.name, model.counter
-        self.num_parameters = model.num_parameters
+        super().__init__(model)
         self.agreement = agreement_lengths(model, prompt_ids, reference)
         self.lengths: list[int] = []  # draft length of each round (tests)
-
-    def start(self, prompt_ids: torch.Tensor) -> None:
-        self.inner.start(prompt_ids)
-
-    def rollback(self, n_tokens: int) -> None:
-        self.inner.rollback(n_tokens)
 
     def propose(
         self, tokens: torch.Tensor, k: int, sampling: SamplingParams, generator: torch.Generator | None
@@ -188,7 +173,7 @@ class OracleDrafter:
         self.lengths.append(length)
         if length == 0:
             return Draft(tokens[:0], None)
-        return self.inner.propose(tokens, length, sampling, generator)
+        return super().propose(tokens, length, sampling, generator)
 
 
 @torch.inference_mode()

@@ -63,7 +63,16 @@ class Task:
                     f"row {index} has no field {missing[0]!r} (task {self.name} expects {list(self.fields)})",
                     f"use a JSONL file in the schema of {self.hub_id or f'specbench/data/{self.embedded}'}",
                 )
-            examples.append(self.build(row, f"{self.name}/{split}/{index}"))
+            try:
+                examples.append(self.build(row, f"{self.name}/{split}/{index}"))
+            except (KeyError, TypeError, IndexError, AttributeError, ValueError) as error:
+                # a field of the wrong shape (translation without "de", answers not a list, no answer)
+                raise SpecbenchError(
+                    origin,
+                    f"row {index} does not fit task {self.name} ({_shape_problem(error)})",
+                    f"use a JSONL file in the schema of {self.hub_id or f'specbench/data/{self.embedded}'}"
+                    f" (fields {list(self.fields)})",
+                ) from None
         return examples
 
     def score(self, example: Example, output_text: str, execute_code: bool = False) -> dict[str, float]:
@@ -96,6 +105,14 @@ class Task:
             with resources.as_file(resources.files("specbench") / "data" / self.embedded) as path:
                 return _read_jsonl(path), f"specbench/data/{self.embedded}"
         return _from_hub(self, split), f"{self.hub_id} ({split})"
+
+
+def _shape_problem(error: Exception) -> str:
+    if isinstance(error, KeyError):
+        return f"no key {error.args[0]!r} inside a field"
+    if isinstance(error, IndexError):
+        return "an empty list where an answer is needed"
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 def _read_jsonl(path: Path):

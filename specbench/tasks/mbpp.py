@@ -90,6 +90,8 @@ def program(example: Example, output_text: str) -> str:
 
 
 def _build(row: dict, fallback_id: str) -> Example:
+    if not isinstance(row["test_list"], list) or not all(isinstance(t, str) for t in row["test_list"]):
+        raise ValueError("field 'test_list' must be a list of assert statements (strings)")
     tests = "\n".join([row.get("test_setup_code") or "", *row["test_list"]]).strip() + "\n"
     example_id = f"mbpp/{row['task_id']}" if row.get("task_id") is not None else fallback_id
     return Example(example_id, _prompt(row["text"], row["test_list"]), tests)

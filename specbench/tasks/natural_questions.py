@@ -8,7 +8,7 @@ specbench.tasks.qa; no offline copy in ../shared/data.
 from __future__ import annotations
 
 from specbench.tasks.base import Example, Task
-from specbench.tasks.qa import few_shot, golds, grade_short_answer
+from specbench.tasks.qa import few_shot, grade_short_answer, required_golds
 
 INSTRUCTION = "Answer these questions with a short answer."
 SHOTS = (
@@ -22,7 +22,7 @@ TEMPLATE = few_shot(INSTRUCTION, SHOTS, "{question}")
 
 
 def _build(row: dict, fallback_id: str) -> Example:
-    answers = golds(row["answer"])
+    answers = required_golds(row["answer"], "answer")
     return Example(fallback_id, few_shot(INSTRUCTION, SHOTS, row["question"]), answers[0], answers)
 
 

@@ -60,6 +60,8 @@ def answer_of(output_text: str) -> str:
 
 
 def _build(row: dict, fallback_id: str) -> Example:
+    if not isinstance(row["answers"], dict) or not isinstance(row["answers"].get("text"), list):
+        raise ValueError("field 'answers' must be an object {text: [...], answer_start: [...]}")
     answers = golds(row["answers"]["text"])  # () for an unanswerable question
     example_id = f"squad_v2/{row['id']}" if row.get("id") else fallback_id
     reference = answers[0] if answers else ""

@@ -9,7 +9,7 @@ specbench.tasks.qa; no offline copy in ../shared/data.
 from __future__ import annotations
 
 from specbench.tasks.base import Example, Task
-from specbench.tasks.qa import few_shot, golds, grade_short_answer
+from specbench.tasks.qa import few_shot, grade_short_answer, required_golds
 
 INSTRUCTION = "Answer these trivia questions with a short answer."
 SHOTS = (
@@ -24,7 +24,9 @@ TEMPLATE = few_shot(INSTRUCTION, SHOTS, "{question}")
 
 def _build(row: dict, fallback_id: str) -> Example:
     answer = row["answer"]
-    answers = golds([answer.get("value"), *(answer.get("aliases") or [])])
+    if not isinstance(answer, dict):
+        raise ValueError("field 'answer' must be an object {value, aliases, ...}")
+    answers = required_golds([answer.get("value"), *(answer.get("aliases") or [])], "answer")
     example_id = f"trivia_qa/{row['question_id']}" if row.get("question_id") else fallback_id
     return Example(example_id, few_shot(INSTRUCTION, SHOTS, row["question"]), answers[0], answers)
 

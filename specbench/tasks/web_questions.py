@@ -7,7 +7,7 @@ Five-shot prompt and exact match / F1 as in specbench.tasks.qa; no offline copy 
 from __future__ import annotations
 
 from specbench.tasks.base import Example, Task
-from specbench.tasks.qa import few_shot, golds, grade_short_answer
+from specbench.tasks.qa import few_shot, grade_short_answer, required_golds
 
 INSTRUCTION = "Answer these questions with a short answer."
 SHOTS = (
@@ -21,7 +21,7 @@ TEMPLATE = few_shot(INSTRUCTION, SHOTS, "{question}")
 
 
 def _build(row: dict, fallback_id: str) -> Example:
-    answers = golds(row["answers"])
+    answers = required_golds(row["answers"], "answers")
     return Example(fallback_id, few_shot(INSTRUCTION, SHOTS, row["question"]), answers[0], answers)
 
 
