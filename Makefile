@@ -12,6 +12,8 @@ TORCH_SPEC  ?= torch==2.13.0
 BIN         := $(VENV)/bin
 STAMP       := $(VENV)/.specbench-installed
 PYTEST_ARGS ?=
+# test files run in parallel on this many processes (pytest-xdist; 0 = in this process)
+PYTEST_WORKERS ?= 2
 DEMO_OUT    ?= results/quickstart
 DATA_DIR    ?= $(or $(SPECBENCH_DATA_DIR),../shared/data)
 CACHE       ?= $(or $(SPECBENCH_CACHE),$(HOME)/.cache/specbench)
@@ -36,7 +38,7 @@ demo: install
 ## test: the default suite (tiny random models; SmolLM2 tests run too when SPECBENCH_SLOW=1).
 test: install
 	$(BIN)/ruff check specbench tests
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-slow: install
 	SPECBENCH_SLOW=1 $(BIN)/pytest -q -m slow $(PYTEST_ARGS)

@@ -373,13 +373,13 @@ def expected_step(rule: str, params: dict) -> dict[tuple[int, ...], float]:
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("rule, params", STEP_RULES, ids=lambda v: str(v))
 def test_a_step_of_algorithm_4_commits_tokens_with_the_exact_law(rule, params):
-    """Drafts x_1, x_2 ~ q_1, q_2; π_1..π_3 built by spec_cascades.step_target (T = 1, logits log p)
+    """Drafts x_1, x_2 ~ q_1, q_2; π_1..π_3 built by spec_cascades.step_target (T = 1)
     and verified by cascade_accept: the committed tokens follow expected_step, from the paper's
     formulas alone."""
     q, p = torch.tensor(QS, dtype=F64), torch.tensor(PS, dtype=F64)
     expected = [expected_pi(rule, qr, pr, params) for qr, pr in zip(QS, PS, strict=True)]
     assert torch.allclose(target(rule, q, p, params), torch.tensor(expected, dtype=F64), atol=1e-12)
-    drafted, pi = step_target(rule, params, q, None, p.log(), SamplingParams(temperature=1.0))
+    drafted, pi = step_target(rule, params, q, None, p, SamplingParams(temperature=1.0))
     law = expected_step(rule, params)
     gen = torch.Generator().manual_seed(17)
     counts = dict.fromkeys(law, 0)

@@ -80,7 +80,7 @@ def test_bigram_drafter_chain():
     assert draft(drafter, [], [], 2) == []  # no context at all: nothing to continue
     assert draft(drafter, [3], [42], 2) == [42, 42]  # outside the table: maps to itself
     assert draft(drafter, [3], [1], 0) == []
-    assert drafter.counter.forward_passes == 5
+    assert drafter.counter.forward_passes == 4  # k = 0 is no drafting call
 
 
 # ---------------------------------------------------------------------------------------------

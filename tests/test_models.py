@@ -286,3 +286,27 @@ def test_choose_is_argmax_when_greedy_and_samples_the_warped_row_otherwise():
     probs = params.probs(LOGITS)
     drawn = {int(params.choose(probs, LOGITS, gen)) for _ in range(200)}
     assert drawn == {0, 1}
+
+
+def test_every_drafter_proposes_nothing_for_k_0(tiny_model):
+    """k = 0 (one token left to generate): an empty draft and no counted pass, whatever the drafter."""
+    from specbench.decoding.specdecpp import AcceptanceHead, OracleDrafter, SpecDecPPDrafter
+    from specbench.models.base import ModelDrafter
+    from specbench.models.bigram import BigramDrafter, BigramTable
+
+    weights = tiny_model("tiny-llama", 0)
+    prompt, generated = torch.tensor([1, 2, 3]), torch.tensor([4, 5])
+    hidden = weights.config.hidden_size
+    drafters = [
+        ModelDrafter(HFModel(weights, "draft")),
+        MaxGramDrafter(fill=BigramDrafter(BigramTable(torch.arange(1, 17) % 16))),
+        BigramDrafter(BigramTable(torch.arange(1, 17) % 16)),
+        SpecDecPPDrafter(HFModel(weights, "head-draft"), AcceptanceHead(hidden, 1), threshold=0.5),
+        OracleDrafter(HFModel(weights, "oracle"), prompt, [4, 5, 6, 7]),
+    ]
+    for drafter in drafters:
+        drafter.start(prompt)
+        before = drafter.counter.forward_passes
+        draft = drafter.propose(generated, 0, SamplingParams(), None)
+        assert len(draft) == 0 and draft.tokens.dtype == torch.long, type(drafter).__name__
+        assert drafter.counter.forward_passes == before, type(drafter).__name__

@@ -104,6 +104,8 @@ class SpecDecPPDrafter(ModelDrafter):
     def propose(
         self, tokens: torch.Tensor, k: int, sampling: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
+        if k == 0:
+            return Draft(tokens[:0], None)
         generated = tokens.shape[0]
         context = torch.empty(generated + k, dtype=torch.long, device=tokens.device)
         context[:generated] = tokens
@@ -168,6 +170,8 @@ class OracleDrafter(ModelDrafter):
     def propose(
         self, tokens: torch.Tensor, k: int, sampling: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
+        if k == 0:
+            return Draft(tokens[:0], None)
         g = tokens.shape[0]
         length = min(k, self.agreement[g]) if g < len(self.agreement) else 0
         self.lengths.append(length)

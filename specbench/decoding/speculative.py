@@ -51,10 +51,8 @@ def generate(
     stopped = False
     while generated < max_new_tokens and not stopped:
         budget = min(k, max_new_tokens - generated - 1)  # the step's +1 token must fit too
-        draft_tokens, q = out[:0], None
-        if budget > 0:
-            draft = drafter.propose(out[:generated], budget, sampling, generator)
-            draft_tokens, q = draft.tokens, draft.q
+        draft = drafter.propose(out[:generated], budget, sampling, generator)
+        draft_tokens, q = draft.tokens, draft.q
         d = draft_tokens.shape[0]
         out[generated : generated + d] = draft_tokens
         logits = target.score(out[: generated + d], d)

@@ -119,7 +119,10 @@ class Drafter(Protocol):
     def propose(
         self, tokens: torch.Tensor, k: int, sampling: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
-        """Up to ``k`` candidates continuing ``tokens`` (possibly fewer, possibly none)."""
+        """Up to ``k`` candidates continuing ``tokens`` (possibly fewer, possibly none).
+
+        ``k`` may be 0 (one token left to generate): then an empty draft, and no pass is counted.
+        """
 
     def rollback(self, n_tokens: int) -> None: ...
 
@@ -142,6 +145,8 @@ class ModelDrafter:
     def propose(
         self, tokens: torch.Tensor, k: int, sampling: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
+        if k == 0:
+            return Draft(tokens[:0], None)
         generated = tokens.shape[0]
         context = torch.empty(generated + k, dtype=torch.long, device=tokens.device)
         context[:generated] = tokens

@@ -159,6 +159,8 @@ class BigramDrafter:
     def propose(
         self, tokens: torch.Tensor, k: int, sampling: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
+        if k == 0:
+            return Draft(tokens[:0], None)
         self.counter.forward_passes += 1
         if tokens.shape[0]:
             current = tokens[-1]

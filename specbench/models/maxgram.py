@@ -113,6 +113,8 @@ class MaxGramDrafter:
     def propose(
         self, tokens: torch.Tensor, k: int, sampling: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
+        if k == 0:
+            return Draft(tokens[:0], None)
         device = tokens.device
         vectorised = self.vectorised or device.type == "cuda"
         if vectorised:
