@@ -15,6 +15,7 @@ may go on to write the next ``Article:`` itself; the summary is the output befor
 
 from __future__ import annotations
 
+import functools
 import re
 
 from specbench.tasks.base import Example, Task
@@ -24,8 +25,12 @@ TEMPLATE = "summarize: {article}"
 MAX_WORDS = 1500  # ~2048 T5 tokens, the paper's maximum input length for CNN/DM
 
 
-def _build(row: dict, fallback_id: str) -> Example:
-    prompt = TEMPLATE.format(article=first_words(row["article"], MAX_WORDS))
+def _zero_shot(article: str) -> str:
+    return TEMPLATE.format(article=article)
+
+
+def _build(row: dict, fallback_id: str, render=_zero_shot) -> Example:
+    prompt = render(first_words(row["article"], MAX_WORDS))
     example_id = f"cnn_dailymail/{row['id']}" if row.get("id") else fallback_id
     return Example(example_id, prompt, row["highlights"])
 
@@ -70,12 +75,6 @@ def fewshot_summary(output_text: str) -> str:
     return _NEXT_ARTICLE.split(output_text, maxsplit=1)[0].strip()
 
 
-def _build_fewshot(row: dict, fallback_id: str) -> Example:
-    prompt = fewshot_prompt(first_words(row["article"], MAX_WORDS))
-    example_id = f"cnn_dailymail/{row['id']}" if row.get("id") else fallback_id
-    return Example(example_id, prompt, row["highlights"])
-
-
 CNN_DAILYMAIL_FEWSHOT = Task(
     name="cnn_dailymail_fewshot",
     hub_id="abisee/cnn_dailymail",
@@ -84,7 +83,7 @@ CNN_DAILYMAIL_FEWSHOT = Task(
     template=fewshot_prompt("{article}"),
     metric="rouge2",
     fields=("article", "highlights"),
-    build=_build_fewshot,
+    build=functools.partial(_build, render=fewshot_prompt),
     grade=lambda example, text: rouge2(fewshot_summary(text), example.reference),
     local_dirs=("cnn_dailymail_fewshot", "cnn_dailymail"),
 )
