@@ -18,7 +18,7 @@ DEMO_OUT    ?= results/quickstart
 DATA_DIR    ?= $(or $(SPECBENCH_DATA_DIR),../shared/data)
 CACHE       ?= $(or $(SPECBENCH_CACHE),$(HOME)/.cache/specbench)
 
-.PHONY: install demo test test-slow lint bench drafts reproduce-table2 reproduce-table2-tiny clean-venv
+.PHONY: install demo test test-slow lint bench drafts drafts-exit reproduce-table2 reproduce-table2-tiny clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -47,13 +47,17 @@ lint: install
 	$(BIN)/ruff check specbench tests
 	$(BIN)/ruff format --check specbench tests
 
-## drafts: distilled drafters for SmolLM2-135M-Instruct (small ~8.5M, base ~32M, an exit head on
-## its first 4 layers) and a bigram table for Max-Gram, built offline from $(DATA_DIR) into $(CACHE).
+## drafts: distilled drafters for SmolLM2-135M-Instruct (small ~8.5M, base ~35M) and a bigram table
+## for Max-Gram, built offline from $(DATA_DIR) into $(CACHE).
 drafts: install
-	$(BIN)/specbench distill --target smollm2-135m-instruct --size small --size base --size exit4 \
-		--data-dir $(DATA_DIR)
+	$(BIN)/specbench distill --target smollm2-135m-instruct --size small --size base --data-dir $(DATA_DIR)
 	$(BIN)/specbench bigram build --tokenizer smollm2-135m-instruct --out $(CACHE)/drafters/smollm2-135m-instruct/bigram.json \
 		--corpus $(DATA_DIR)/gsm8k/train.jsonl --corpus $(DATA_DIR)/mmlu/dev.jsonl --corpus $(DATA_DIR)/alpaca_seed/train.jsonl
+
+## drafts-exit: the distilled exit head of SmolLM2's 4-layer early-exit self-draft (reuses the teacher
+## data `make drafts` cached).
+drafts-exit: install
+	$(BIN)/specbench distill --target smollm2-135m-instruct --size exit4 --data-dir $(DATA_DIR)
 
 ## reproduce-table2: CS Drafting Table 2 (and Table 5's settings) on FLAN-T5-XXL, ours beside the paper.
 ## Needs a GPU box with Hugging Face Hub access (FLAN-T5-XXL, ~45 GB in float32) and ../shared for the

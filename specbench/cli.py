@@ -204,8 +204,8 @@ def distill(
     size: list[str] = typer.Option(
         ["small", "base"],
         "--size",
-        help="Drafters to train: small (~8.5M, 2 layers x 160), base (target's embedding + layer 0, "
-        "1 layer), exit<N> (an exit head on the target's first N layers). Repeat the option for several.",
+        help="Drafters to train: small (~8.5M, 2 layers x 160), base (the target's embedding and first "
+        "2 layers), exit<N> (an exit head on the target's first N layers). Repeat the option for several.",
     ),
     data_dir: Path = typer.Option(
         None,
@@ -222,6 +222,13 @@ def distill(
     ),
     lr: float = typer.Option(None, min=0.0, help="Peak learning rate (default per size)."),
     seed: int = typer.Option(0, help="Seed of the student's initialisation and batch order."),
+    draft_vocab: int = typer.Option(
+        None,
+        min=0,
+        help="Score only the N tokens most frequent in the training data (FR-Spec); the drafter "
+        "gives the others probability 0, which keeps decoding lossless and each pass cheaper. "
+        "0 = the whole vocabulary (default per size: small and base 8192; exit heads always 0).",
+    ),
 ):
     """Train drafters that share the target's tokenizer by distillation (forward KL on its top-k).
 
@@ -244,7 +251,8 @@ def distill(
     teacher = distillation.TeacherConfig(
         target, generate, max_new_tokens, teacher_forced, top_k, data_dir=str(Path(data_dir).resolve())
     )
-    students = [distillation.student_config(s, epochs=epochs, lr=lr, seed=seed) for s in size]
+    overrides = {"epochs": epochs, "lr": lr, "seed": seed, "draft_vocab": draft_vocab}
+    students = [distillation.student_config(s, **overrides) for s in size]
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn())
     columns += (TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
     with Progress(*columns, console=err) as progress:

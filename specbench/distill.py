@@ -7,11 +7,12 @@
    reference answers of the others are teacher-forced. Only the top-k log-probabilities of each
    supervised position are kept, on disk, keyed by a hash of everything that made them, so
    re-training never re-runs the teacher.
-2. **Students.** ``base`` is the target cut to its first layer (embedding, layer 0, final norm, tied
-   head copied; the embedding stays frozen) and ``small`` a 2-layer, 160-wide model whose tied
+2. **Students.** ``base`` is the target cut to its first two layers (embedding, layers 0-1, final
+   norm, tied head copied; all of it trains) and ``small`` a 2-layer, 160-wide model whose tied
    embedding starts as the target's embedding projected on its top principal directions. An
    ``exit<N>`` student trains only an exit head on the target's first N layers (an early-exit
-   self-draft that shares the target's weights).
+   self-draft that shares the target's weights). ``small`` and ``base`` score only a draft vocabulary
+   (FR-Spec, see :mod:`specbench.models.draft_vocab`): the N tokens most frequent in the training data.
 3. **Loss.** Forward KL from the teacher, exact on the teacher's top-k tokens plus the lumped tail:
    ``-sum_i p_i log q_i - (1 - sum_i p_i) log(1 - sum_i q_i)`` (up to the teacher's entropy).
 
@@ -34,7 +35,7 @@ import torch
 from torch import nn
 
 from specbench.errors import SpecbenchError
-from specbench.models import registry
+from specbench.models import draft_vocab, registry
 from specbench.models.early_exit import EXIT_HEAD_FILE, ExitHead, early_exit_model
 from specbench.tasks import get_task, render_prompt
 
@@ -54,7 +55,8 @@ class TeacherConfig:
     data_dir: str = ""
 
     def key(self) -> str:
-        fields = asdict(self) | {"data": _data_fingerprint(self.data_dir), "version": 1}
+        """Hash of every setting and the training files' bytes; not of where the data folder lives."""
+        fields = asdict(self) | {"data_dir": None, "data": _data_fingerprint(self.data_dir), "version": 2}
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -65,11 +67,12 @@ class StudentConfig:
     lr: float
     batch_tokens: int = 2048
     seed: int = 0
+    draft_vocab: int = 0  # 0: the head scores every token; N: only the N most frequent (FR-Spec)
 
 
 STUDENTS = {
-    "small": StudentConfig("small", epochs=3.0, lr=2e-3),
-    "base": StudentConfig("base", epochs=2.0, lr=5e-4),
+    "small": StudentConfig("small", epochs=3.0, lr=2e-3, draft_vocab=8192),
+    "base": StudentConfig("base", epochs=2.0, lr=1e-3, draft_vocab=8192),
 }
 EXIT_DEFAULTS = {"epochs": 1.0, "lr": 1e-3}
 
@@ -79,6 +82,7 @@ def student_config(size: str, **overrides) -> StudentConfig:
         base = STUDENTS[size]
     elif size.startswith("exit") and size[4:].isdigit():
         base = StudentConfig(size, **EXIT_DEFAULTS)
+        overrides.pop("draft_vocab", None)  # an exit head shares the target's full head
     else:
         raise SpecbenchError(
             "--size", f"unknown drafter size {size!r}", "use small, base or exit<N> (e.g. exit4)"
@@ -205,10 +209,12 @@ def _teacher_forced(target, pairs: list[tuple[torch.Tensor, torch.Tensor]], conf
         for row, s in enumerate(seqs):
             ids[row, : s.shape[0]] = s
             mask[row, : s.shape[0]] = 1
-        logits = model(input_ids=ids.to(target.device), attention_mask=mask.to(target.device)).logits
+        # the head only where an answer token is predicted: most positions are prompt
+        hidden = model.base_model(input_ids=ids.to(target.device), attention_mask=mask.to(target.device))
         for row, i in enumerate(batch):
             start, length = pairs[i][0].shape[0], seqs[row].shape[0]
-            top_ids, top_logp = _top(logits[row, start - 1 : length - 1], config.top_k)
+            logits = model.get_output_embeddings()(hidden.last_hidden_state[row, start - 1 : length - 1])
+            top_ids, top_logp = _top(logits, config.top_k)
             out[i] = Sequence(seqs[row], start, top_ids.cpu(), top_logp.cpu())
         progress.advance(task, len(batch))
     return [s for s in out if s is not None]
@@ -265,8 +271,17 @@ def _slug(source: str) -> str:
 # -- students ----------------------------------------------------------------------------------
 
 
+def draft_vocabulary(train: list[Sequence], n: int, target) -> torch.Tensor:
+    """The ``n`` tokens most frequent in the training text and the teacher's argmax, EOS included."""
+    counts = torch.zeros(target.vocab_size, dtype=torch.long)
+    for s in train:
+        counts += torch.bincount(s.ids, minlength=target.vocab_size)
+        counts += torch.bincount(s.top_ids[:, 0].long(), minlength=target.vocab_size)
+    return draft_vocab.frequent_tokens(counts, n, target.eos_token_ids())
+
+
 def build_student(target: nn.Module, size: str, seed: int) -> nn.Module:
-    """A fresh student for ``size``; parameters that must stay the target's are frozen."""
+    """A fresh student for ``size``; an exit head's student freezes the target's own weights."""
     torch.manual_seed(seed)
     if size.startswith("exit"):
         draft = early_exit_model(target, int(size[4:]), ExitHead(target.config.hidden_size))
@@ -274,7 +289,7 @@ def build_student(target: nn.Module, size: str, seed: int) -> nn.Module:
             parameter.requires_grad_(name.startswith("model.norm.exit_head"))
         return draft.to(target.dtype)
     config = copy.deepcopy(target.config)
-    config.num_hidden_layers = 1 if size == "base" else 2
+    config.num_hidden_layers = min(2, config.num_hidden_layers)
     if getattr(config, "layer_types", None):
         config.layer_types = config.layer_types[: config.num_hidden_layers]
     config.tie_word_embeddings = True
@@ -287,9 +302,9 @@ def build_student(target: nn.Module, size: str, seed: int) -> nn.Module:
     with torch.no_grad():
         if size == "base":
             student.model.embed_tokens.weight.copy_(source)
-            student.model.layers[0].load_state_dict(target.model.layers[0].state_dict())
+            for layer, source_layer in zip(student.model.layers, target.model.layers[:2], strict=True):
+                layer.load_state_dict(source_layer.state_dict())
             student.model.norm.load_state_dict(target.model.norm.state_dict())
-            student.model.embed_tokens.weight.requires_grad_(False)
         else:  # the target's embedding on its top principal directions (same token geometry)
             width = min(config.hidden_size, source.shape[1])
             _, _, directions = torch.linalg.svd(source.float(), full_matrices=False)
@@ -302,12 +317,17 @@ def build_student(target: nn.Module, size: str, seed: int) -> nn.Module:
 
 
 def distill_loss(logits: torch.Tensor, top_ids: torch.Tensor, top_logp: torch.Tensor):
-    """Forward KL cross-entropy, exact on the teacher's top-k and its lumped tail; and top-1 agreement."""
+    """Forward KL cross-entropy, exact on the teacher's top-k and its lumped tail; and top-1 agreement.
+
+    A top-k id of -1 is a token the student cannot emit (outside its draft vocabulary): its teacher
+    mass joins the tail, which the student's tail then has to cover.
+    """
     logq = torch.log_softmax(logits.float(), dim=-1)
-    logq_top = logq.gather(1, top_ids.long())
-    p_top = top_logp.float().exp()
+    inside = top_ids >= 0
+    logq_top = logq.gather(1, top_ids.long().clamp(min=0))
+    p_top = top_logp.float().exp() * inside
     p_tail = (1.0 - p_top.sum(-1)).clamp(min=0.0)
-    q_tail = (1.0 - logq_top.exp().sum(-1)).clamp(min=1e-6)
+    q_tail = (1.0 - (logq_top.exp() * inside).sum(-1)).clamp(min=1e-6)
     loss = -(p_top * logq_top).sum(-1) - p_tail * q_tail.log()
     agree = (logq.argmax(-1) == top_ids[:, 0].long()).float()
     return loss.mean(), agree.mean()
@@ -327,7 +347,10 @@ def _batches(sequences: list[Sequence], batch_tokens: int, generator: torch.Gene
     return batches
 
 
-def _forward(student: nn.Module, sequences: list[Sequence], batch: list[int], device: torch.device):
+def _forward(
+    student: nn.Module, sequences: list[Sequence], batch: list[int], device: torch.device, vocab=None
+):
+    """Distillation loss and agreement of one batch; ``vocab`` (token ids) restricts the head to them."""
     rows = [sequences[i] for i in batch]
     width = max(s.ids.shape[0] for s in rows)
     ids = torch.zeros((len(rows), width), dtype=torch.long)
@@ -338,14 +361,23 @@ def _forward(student: nn.Module, sequences: list[Sequence], batch: list[int], de
         mask[r, : s.ids.shape[0]] = 1
         supervised[r, s.start - 1 : s.ids.shape[0] - 1] = True  # position t predicts token t + 1
     hidden = student.model(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state
-    logits = student.lm_head(hidden[supervised.to(device)])
+    hidden = hidden[supervised.to(device)]
     top_ids = torch.cat([s.top_ids for s in rows]).to(device)
     top_logp = torch.cat([s.top_logp for s in rows]).to(device)
-    return distill_loss(logits, top_ids, top_logp)
+    if vocab is None:
+        return distill_loss(student.lm_head(hidden), top_ids, top_logp)
+    rows_of = draft_vocab.positions(vocab, student.lm_head.weight.shape[0])
+    logits = hidden @ student.lm_head.weight.index_select(0, vocab).T  # stays tied to the embedding
+    return distill_loss(logits, rows_of[top_ids.long()], top_logp)
 
 
 def train_student(
-    student: nn.Module, train: list[Sequence], held_out: list[Sequence], config: StudentConfig, progress
+    student: nn.Module,
+    train: list[Sequence],
+    held_out: list[Sequence],
+    config: StudentConfig,
+    progress,
+    vocab: torch.Tensor | None = None,
 ):
     """AdamW with linear warm-up (3%) and cosine decay; returns the manifest's training record."""
     device = next(student.parameters()).device
@@ -362,12 +394,12 @@ def train_student(
         return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, len(steps) - warmup)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    before = evaluate(student, held_out)
+    before = evaluate(student, held_out, vocab=vocab)
     task = progress.add_task(f"training {config.size}", total=len(steps), stats="")
     started, loss_avg, agree_avg = time.perf_counter(), None, None
     student.train()
     for batch in steps:
-        loss, agree = _forward(student, train, batch, device)
+        loss, agree = _forward(student, train, batch, device, vocab)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -377,7 +409,7 @@ def train_student(
         agree_avg = agree.item() if agree_avg is None else 0.95 * agree_avg + 0.05 * agree.item()
         progress.update(task, advance=1, stats=f"loss {loss_avg:.3f} · top-1 agreement {agree_avg:.1%}")
     student.eval()
-    after = evaluate(student, held_out)
+    after = evaluate(student, held_out, vocab=vocab)
     return {
         "steps": len(steps),
         "train_sequences": len(train),
@@ -389,7 +421,7 @@ def train_student(
 
 
 @torch.no_grad()
-def evaluate(student: nn.Module, sequences: list[Sequence], batch_tokens: int = 4096) -> dict:
+def evaluate(student: nn.Module, sequences: list[Sequence], batch_tokens: int = 4096, vocab=None) -> dict:
     """Held-out cross-entropy to the teacher and top-1 agreement with its argmax (greedy acceptance proxy)."""
     was_training = student.training
     student.eval()
@@ -397,7 +429,7 @@ def evaluate(student: nn.Module, sequences: list[Sequence], batch_tokens: int = 
     total = loss_sum = agree_sum = 0.0
     for batch in _batches(sequences, batch_tokens, torch.Generator().manual_seed(0)):
         n = sum(sequences[i].top_ids.shape[0] for i in batch)
-        loss, agree = _forward(student, sequences, batch, device)
+        loss, agree = _forward(student, sequences, batch, device, vocab)
         total, loss_sum, agree_sum = total + n, loss_sum + loss.item() * n, agree_sum + agree.item() * n
     student.train(was_training)
     return {
@@ -406,7 +438,7 @@ def evaluate(student: nn.Module, sequences: list[Sequence], batch_tokens: int = 
     }
 
 
-def save_student(student: nn.Module, target, size: str, record: dict) -> Path:
+def save_student(student: nn.Module, target, size: str, record: dict, vocab=None) -> Path:
     """``save_pretrained`` (or the exit head alone) into ``<cache>/drafters/<target>/<size>``."""
     out = registry.distilled_dir(f"{_slug(record['teacher']['target'])}/{size}")
     staging = out.with_name(out.name + ".tmp")
@@ -420,6 +452,8 @@ def save_student(student: nn.Module, target, size: str, record: dict) -> Path:
         student.generation_config = copy.deepcopy(target.model.generation_config)
         student.save_pretrained(staging)
         target.tokenizer.save_pretrained(staging)
+    if vocab is not None:
+        draft_vocab.save(staging, vocab)
     (staging / "distill.json").write_text(json.dumps(record, indent=2) + "\n")
     if out.exists():
         import shutil
@@ -442,7 +476,10 @@ def distill(
     saved = []
     for config in students:
         student = build_student(target.model, config.size, config.seed)
-        record = train_student(student, train, held_out, config, progress)
+        vocab = None
+        if config.draft_vocab:
+            vocab = draft_vocabulary(train, config.draft_vocab, target)
+        record = train_student(student, train, held_out, config, progress, vocab)
         manifest = {
             "size": config.size,
             "parameters": sum(p.numel() for p in student.parameters()),
@@ -450,5 +487,5 @@ def distill(
             "student": asdict(config),
             **record,
         }
-        saved.append(save_student(student, target, config.size, manifest))
+        saved.append(save_student(student, target, config.size, manifest, vocab))
     return saved

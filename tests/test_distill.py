@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 import torch
 from rich.progress import Progress
+from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from specbench import distill
 from specbench.cli import app
 from specbench.decoding import autoregressive, speculative
 from specbench.errors import SpecbenchError
-from specbench.models import registry
+from specbench.models import draft_vocab, registry
 from specbench.models.base import ModelDrafter
 from specbench.models.early_exit import ExitHead, early_exit_model
 from specbench.models.hf import HFModel
@@ -167,9 +169,16 @@ def test_distilled_drafters_train_save_and_load_as_sources(tiny_distill):
     small = registry.load(registry.ModelRequest("d", "distilled:tiny-llama/small", "float64", "cpu"))
     assert small.tokenizer.get_vocab() == target.tokenizer.get_vocab()
     assert small.model.config.hidden_size == 160 and small.origin.startswith("distilled:")
-    # the base student keeps the target's (frozen) embedding
+    # the base student starts as the target's first two layers and trains its tied embedding too
     base = registry.load(registry.ModelRequest("b", "distilled:tiny-llama/base", "float64", "cpu"))
-    assert torch.equal(base.model.get_input_embeddings().weight, target.model.get_input_embeddings().weight)
+    assert base.model.config.num_hidden_layers == 2
+    base_embedding, target_embedding = (
+        base.model.get_input_embeddings().weight,
+        target.model.get_input_embeddings().weight,
+    )
+    assert base_embedding.shape == target_embedding.shape and not torch.equal(
+        base_embedding, target_embedding
+    )
     # an exit head loads onto the target's own layers
     exit_request = registry.ModelRequest(
         "e",
@@ -217,5 +226,106 @@ def test_unknown_size_and_missing_data_are_one_line_errors(tmp_path, monkeypatch
 def test_distill_help_explains_sizes_and_cache():
     result = CliRunner().invoke(app, ["distill", "--help"])
     assert result.exit_code == 0
-    for word in ("small", "base", "exit", "distilled:"):
+    for word in ("small", "base", "exit", "distilled:", "--draft-vocab", "FR-Spec"):
         assert word in result.output
+
+
+def test_teacher_cache_key_follows_the_data_not_its_folder(tmp_path):
+    here = distill.TeacherConfig("tiny-llama", data_dir=str(_data_dir(tmp_path / "a")))
+    moved = distill.TeacherConfig("tiny-llama", data_dir=str(_data_dir(tmp_path / "b")))
+    assert here.key() == moved.key()
+    (tmp_path / "b" / "gsm8k" / "train.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n')
+    assert here.key() != moved.key()
+    assert here.key() != distill.TeacherConfig("tiny-llama", top_k=8, data_dir=here.data_dir).key()
+
+
+# -- draft vocabulary (FR-Spec head) -------------------------------------------------------------
+
+
+def test_frequent_tokens_rank_by_count_then_id_and_keep_eos():
+    counts = torch.tensor([5, 0, 9, 5, 1, 0, 7])
+    assert draft_vocab.frequent_tokens(counts, 3).tolist() == [0, 2, 6]  # 9, 7, then 5 (id 0 < id 3)
+    assert draft_vocab.frequent_tokens(counts, 3, always=[5]).tolist() == [2, 5, 6]
+    assert draft_vocab.frequent_tokens(counts, 99).tolist() == list(range(7))
+    where = draft_vocab.positions(torch.tensor([2, 5, 6]), 7)
+    assert where.tolist() == [-1, -1, 0, -1, -1, 1, 2]
+
+
+def test_distill_loss_moves_teacher_mass_outside_the_draft_vocabulary_to_the_tail():
+    gen = torch.Generator().manual_seed(1)
+    teacher = torch.randn(4, 10, generator=gen, dtype=torch.float64).softmax(-1)
+    student = torch.randn(4, 6, generator=gen, dtype=torch.float64)  # scores tokens 0..5 only
+    top = teacher.argsort(-1, descending=True)[:, :4]
+    p_top = teacher.gather(1, top)
+    rows = torch.where(top < 6, top, torch.full_like(top, -1))
+    loss, agree = distill.distill_loss(student, rows, p_top.log())
+    q = student.softmax(-1)
+    expected = []
+    for r in range(4):
+        inside = [(p_top[r, j].item(), q[r, top[r, j]].item()) for j in range(4) if top[r, j] < 6]
+        p_in, q_in = sum(p for p, _ in inside), sum(x for _, x in inside)
+        expected.append(-sum(p * math.log(x) for p, x in inside) - (1 - p_in) * math.log(1 - q_in))
+    assert loss.item() == pytest.approx(sum(expected) / 4, rel=1e-6)
+    hits = [student[r].argmax().item() == top[r, 0].item() for r in range(4)]
+    assert agree.item() == pytest.approx(sum(hits) / 4)
+
+
+def test_draft_vocab_head_scores_its_tokens_like_the_full_head_and_nothing_else():
+    target = registry.load(registry.ModelRequest("t", "tiny-llama", "float64", "cpu"))
+    model = target.model
+    hidden = torch.randn(3, model.config.hidden_size, dtype=torch.float64)
+    full = model.lm_head(hidden)
+    ids = torch.tensor([0, 7, 42, 258])
+    head = draft_vocab.DraftVocabHead(model.lm_head.weight.detach(), ids, model.config.vocab_size)
+    restricted = head(hidden)
+    assert torch.allclose(restricted[:, ids], full[:, ids])
+    outside = torch.ones(model.config.vocab_size, dtype=torch.bool)
+    outside[ids] = False
+    assert torch.isneginf(restricted[:, outside]).all()
+
+
+def test_drafter_with_a_draft_vocabulary_saves_loads_and_stays_lossless(tiny_distill):
+    (folder,) = tiny_distill("small", epochs=2, batch_tokens=256, draft_vocab=40)
+    ids = json.loads((folder / draft_vocab.DRAFT_VOCAB_FILE).read_text())["token_ids"]
+    target = registry.load(registry.ModelRequest("t", "tiny-llama", "float64", "cpu"))
+    assert len(ids) == 40 and set(target.eos_token_ids()) <= set(ids)
+    assert json.loads((folder / "distill.json").read_text())["student"]["draft_vocab"] == 40
+    small = registry.load(registry.ModelRequest("d", "distilled:tiny-llama/small", "float64", "cpu"))
+    assert "40 most frequent tokens" in small.origin
+    # the restricted head copies rows of the tied embedding: the model's size (MS cost) is unchanged
+    plain = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64)
+    assert small.num_parameters == sum(p.numel() for p in plain.parameters())
+    prompt = target.tokenizer("Tom has 3 apples", return_tensors="pt").input_ids[0]
+    small.start(prompt)
+    logits = small.score(torch.empty(0, dtype=torch.long), 0)[-1]
+    assert torch.isfinite(logits).sum().item() == 40
+    reference = autoregressive.generate(target, prompt, max_new_tokens=12).tokens
+    for k in (1, 3):
+        assert (
+            speculative.generate(target, ModelDrafter(small), prompt, k=k, max_new_tokens=12).tokens
+            == reference
+        )
+
+
+def test_teacher_forced_top_k_are_the_targets_own_next_token_log_probs(one_thread):
+    target = registry.load(registry.ModelRequest("t", "tiny-llama", "float64", "cpu"))
+    pairs = [
+        (torch.tensor([5, 6, 7]), torch.tensor([8, 9])),
+        (torch.tensor([1, 2]), torch.tensor([3, 4, 5, 6])),
+    ]
+    config = distill.TeacherConfig("tiny-llama", top_k=4, batch_size=4)
+    with Progress(disable=True) as progress:
+        sequences = distill._teacher_forced(target, pairs, config, progress)
+    for (prompt, answer), seq in zip(pairs, sequences, strict=True):
+        full = torch.cat([prompt, answer])
+        logp = target.model(input_ids=full[None]).logits[0].log_softmax(-1)[prompt.shape[0] - 1 : -1]
+        values, ids = logp.topk(4, dim=-1)
+        assert torch.equal(seq.ids, full) and seq.start == prompt.shape[0]
+        assert torch.equal(seq.top_ids.long(), ids)
+        assert torch.allclose(seq.top_logp.float(), values.float(), atol=2e-3)  # stored as float16
+
+
+def test_exit_heads_keep_the_full_vocabulary():
+    assert distill.student_config("exit4", draft_vocab=4096).draft_vocab == 0
+    assert distill.student_config("small", draft_vocab=4096).draft_vocab == 4096
+    assert distill.student_config("base").draft_vocab == 8192

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from specbench.errors import SpecbenchError
+from specbench.models import draft_vocab
 from specbench.models.hf import HFModel
 from specbench.models.maxgram import MaxGramDrafter
 
@@ -154,7 +155,10 @@ def _load_neural(request: ModelRequest, source: str, opts: dict, dtype: torch.dt
                 f"no distilled drafter {source!r} in {path.parent}",
                 "build it with `make drafts` (or `specbench distill`), or set SPECBENCH_CACHE to where it is",
             )
-        return (*_from_pretrained(str(path), dtype), f"distilled:{path}")
+        model, tokenizer = _from_pretrained(str(path), dtype)
+        restricted = draft_vocab.restrict_if_saved(model, path)
+        suffix = f" (head over its {restricted} most frequent tokens)" if restricted else ""
+        return model, tokenizer, f"distilled:{path}{suffix}"
     return _load_pretrained(request.name, source, dtype, request.revision)
 
 
