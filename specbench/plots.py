@@ -44,15 +44,20 @@ def write_acceptance_plot(run_dir: Path) -> tuple[Path, Path]:
     csv_path, png_path = run_dir / ACCEPTANCE_CSV, run_dir / ACCEPTANCE_PNG
     write_atomic(csv_path, table.to_csv(index=False))
     datasets = list(dict.fromkeys(table["dataset"])) or ["(none)"]
-    figure, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 3.6), squeeze=False)
+    cells = list(dict.fromkeys(table["cell"]))
+    colors, markers = plt.get_cmap("tab20").colors, "os^Dv<>PX*"
+    # one style per cell across panels, distinct for up to 20 cells; one legend beside the panels
+    style = {c: {"color": colors[i % 20], "marker": markers[i % 10]} for i, c in enumerate(cells)}
+    figure, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets) + 3, 3.6), squeeze=False)
     for ax, dataset in zip(axes[0], datasets, strict=False):
         for cell, group in table[table["dataset"] == dataset].groupby("cell", sort=False):
-            ax.plot(group["position"], group["acceptance_rate"], marker="o", label=cell)
+            ax.plot(group["position"], group["acceptance_rate"], label=cell, markersize=4, **style[cell])
         ax.set(title=dataset, xlabel="draft position", ylabel="acceptance rate", ylim=(0, 1.02))
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    figure.tight_layout()
+    handles = {label: h for ax in axes[0] for h, label in zip(*ax.get_legend_handles_labels(), strict=True)}
+    if handles:
+        figure.legend(handles.values(), handles.keys(), fontsize=7, loc="center right")
+    figure.tight_layout(rect=(0, 0, 1 - 3 / (5 * len(datasets) + 3), 1))
     figure.savefig(png_path, dpi=120)
     plt.close(figure)
     return csv_path, png_path
