@@ -176,7 +176,7 @@ def _counted(model: HFModel, calls: list | None = None, watch: Stopwatch | None 
         else:
             fed = ids.shape[-1]
         if calls is not None:
-            cache = kwargs.get("past_key_values")
+            cache = kwargs.get("past_key_values", kwargs.get("cache"))  # "cache" from transformers 5.24
             calls.append((0 if cache is None else cache.get_seq_length(), fed))
         pending.append((counter.begin(device), fed))
 

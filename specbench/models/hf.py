@@ -30,7 +30,10 @@ class HFModel:
         self.num_parameters = sum(p.numel() for p in model.parameters())
         self.vocab_size = model.config.get_text_config().vocab_size
         self.is_encoder_decoder = bool(model.config.is_encoder_decoder)
-        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        forward_parameters = inspect.signature(model.forward).parameters
+        self._keeps_logits = "logits_to_keep" in forward_parameters
+        # transformers 5.24 renamed forward's past_key_values to cache (the old name goes in 5.40)
+        self._cache_argument = "cache" if "cache" in forward_parameters else "past_key_values"
         self._prefix = torch.empty(0, dtype=torch.long, device=self.device)
         self._encoder_outputs = None
         self._cache = None
@@ -85,7 +88,7 @@ class HFModel:
             new = tokens[keep - prefix_len :]
         else:
             new = torch.cat([self._prefix[keep:], tokens])
-        kwargs = {"past_key_values": self._cache, "use_cache": True}
+        kwargs = {self._cache_argument: self._cache, "use_cache": True}
         if self._keeps_logits:
             kwargs["logits_to_keep"] = n_candidates + 1
         if self.is_encoder_decoder:
