@@ -55,8 +55,8 @@ def run(
     ),
 ):
     """Run every cell of RECIPE on every example; write examples.jsonl, cells.csv and run records."""
+    from specbench.pipeline.runner import Runner
     from specbench.recipe import load_recipe
-    from specbench.runner import Runner
     from specbench.tasks import TASKS
 
     loaded = load_recipe(recipe, known_tasks=set(TASKS))
@@ -102,9 +102,9 @@ def tune(
         grid: {K: [[[5, 8], [0, 1]], [[5, 9], [0, 1]], [[8, 13], [0, 1]], [[5, 19], [0, 1]]],
         lenience: [1, 3, 5]}
     """
+    from specbench.pipeline.tune import tune as run_tune
     from specbench.recipe import load_recipe
     from specbench.tasks import TASKS
-    from specbench.tune import tune as run_tune
 
     loaded = load_recipe(recipe, known_tasks=set(TASKS))
     out = output_dir or Path("results") / f"{loaded.name}-tune"
@@ -144,7 +144,7 @@ def report(
         check_paper(paper)  # a misspelt name is reported before the results are read
         text = render_paper(results, paper, format)
     else:
-        from specbench.report import render
+        from specbench.pipeline.report import render
 
         text = render(results, format)
     if text is not None:
@@ -174,7 +174,7 @@ def bench(
     Prints the walltime ratios HF/ours (> 1 means ours is faster) and our loop overhead
     (1 - time inside model forwards / walltime). Greedy decoding; outputs are identical by design.
     """
-    from specbench.bench import print_bench, run_bench
+    from specbench.pipeline.bench import print_bench, run_bench
 
     console = Console()
     options = {
@@ -240,7 +240,7 @@ def distill(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from specbench import distill as distillation
+    from specbench.drafters import distill as distillation
 
     if data_dir is None:
         raise SpecbenchError(
@@ -280,7 +280,7 @@ def plot(
     ),
 ):
     """Figures of a run, written as CSV + PNG into RESULTS (see --figure)."""
-    from specbench.plots import write_acceptance_plot
+    from specbench.pipeline.plots import write_acceptance_plot
 
     figures = ("acceptance", "curves", "specdecpp", "all")
     if figure not in figures:
@@ -370,8 +370,8 @@ def bigram_build(
 
     Use the result as a Max-Gram fill: models: {mag: {source: maxgram, options: {bigram: OUT}}}.
     """
+    from specbench.drafters.bigram import BigramTable, corpus_texts
     from specbench.models import registry
-    from specbench.models.bigram import BigramTable, corpus_texts
 
     model = registry.load(registry.ModelRequest("tokenizer", tokenizer, device="cpu"))
     texts = corpus_texts(corpus)

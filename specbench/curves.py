@@ -48,8 +48,8 @@ import pandas as pd
 import yaml
 
 from specbench.errors import SpecbenchError
-from specbench.report import load_cells
-from specbench.results import CELLS, read_examples, write_atomic
+from specbench.pipeline.report import load_cells
+from specbench.pipeline.results import CELLS, read_examples, write_atomic
 
 CURVES_CSV = "curves.csv"
 TABLE2_CSV = "cascades_table2.csv"

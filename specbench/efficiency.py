@@ -43,7 +43,7 @@ import pandas as pd
 import yaml
 
 from specbench.errors import SpecbenchError
-from specbench.results import read_examples, write_atomic
+from specbench.pipeline.results import read_examples, write_atomic
 
 RATES_CSV = "specdecpp_rates.csv"
 REGRESSION_CSV = "specdecpp_regression.csv"

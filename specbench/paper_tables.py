@@ -34,8 +34,8 @@ from rich.table import Table
 from rich.text import Text
 
 from specbench.errors import SpecbenchError
-from specbench.report import load_cells
-from specbench.results import CELLS
+from specbench.pipeline.report import load_cells
+from specbench.pipeline.results import CELLS
 
 FORMATS = ("table", "markdown", "csv")
 MISSING = "—"

@@ -37,8 +37,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from specbench.costs import cost_tables
 from specbench.errors import SpecbenchError
+from specbench.pipeline.costs import cost_tables
 
 NAME_PATTERN = r"[A-Za-z0-9_.-]+"
 # The same list as specbench.models.registry, which is not imported here because it pulls in torch.

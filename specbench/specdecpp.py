@@ -297,7 +297,7 @@ def _load(role: str, source: str, options: dict, config: TrainConfig):
 
 def _prompt_examples(target, config: TrainConfig) -> list:
     """The distill prompts (its GENERATE_FROM sources in order), as rendered for the benchmark."""
-    from specbench.distill import GENERATE_FROM, _examples
+    from specbench.drafters.distill import GENERATE_FROM, _examples
 
     chosen = []
     for task, split in GENERATE_FROM:
@@ -308,7 +308,7 @@ def _prompt_examples(target, config: TrainConfig) -> list:
 def target_responses(target, config: TrainConfig, progress) -> list[Example]:
     """(x, Y) pairs: distill's cached greedy responses when it cached them for this target and length
     cap, else generated here (batched, greedy) and cached under the specdecpp cache."""
-    from specbench import distill
+    from specbench.drafters import distill
 
     if not config.target_options:
         teacher = distill.TeacherConfig(
@@ -342,7 +342,7 @@ def _subset(n: int, k: int, seed: int) -> list[int]:
 @torch.inference_mode()
 def generate_responses(target, prompts: list[torch.Tensor], config: TrainConfig, progress) -> list[Example]:
     """Greedy responses (EOS included, cut at ``max_new_tokens``), batched with left padding."""
-    from specbench import distill
+    from specbench.drafters import distill
 
     eos = set(target.eos_token_ids())
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else min(eos)
@@ -376,7 +376,7 @@ def split(n: int, eval_fraction: float, seed: int) -> tuple[list[int], list[int]
 
 def train(config: TrainConfig, progress) -> Path:
     """Build (or read) the features and labels, train the head, evaluate it, save it; returns its folder."""
-    from specbench import distill
+    from specbench.drafters import distill
 
     started = time.perf_counter()
     fingerprint = distill._data_fingerprint(config.data_dir)

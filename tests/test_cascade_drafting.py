@@ -29,10 +29,10 @@ from specbench.decoding.cascade_drafting import (
     review_law,
 )
 from specbench.decoding.sampling import SamplingParams
+from specbench.drafters.maxgram import MaxGramDrafter
 from specbench.errors import SpecbenchError
 from specbench.methods import METHOD_FUNCTIONS, Request
 from specbench.models.hf import HFModel
-from specbench.models.maxgram import MaxGramDrafter
 from specbench.recipe import parse_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -38,7 +38,7 @@ from specbench.efficiency import (
 )
 from specbench.errors import SpecbenchError
 from specbench.paper_tables import render_paper
-from specbench.summary import write_cells_csv
+from specbench.pipeline.summary import write_cells_csv
 
 runner = CliRunner()
 DATASET = "arithmetic/test"

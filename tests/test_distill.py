@@ -12,13 +12,13 @@ from rich.progress import Progress
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
-from specbench import distill
 from specbench.cli import app
 from specbench.decoding import autoregressive, speculative
+from specbench.drafters import distill, draft_vocab
+from specbench.drafters.early_exit import ExitHead, early_exit_model
 from specbench.errors import SpecbenchError
-from specbench.models import draft_vocab, registry
+from specbench.models import registry
 from specbench.models.base import ModelDrafter
-from specbench.models.early_exit import ExitHead, early_exit_model
 from specbench.models.hf import HFModel
 
 

@@ -11,10 +11,10 @@ import torch
 
 from specbench.decoding import autoregressive, speculative
 from specbench.decoding.sampling import SamplingParams
+from specbench.drafters.bigram import BigramDrafter, BigramTable, cs_drafting_maxgram
+from specbench.drafters.maxgram import MaxGramDrafter, longest_suffix_match, longest_suffix_match_vectorised
 from specbench.errors import SpecbenchError
-from specbench.models.bigram import BigramDrafter, BigramTable, cs_drafting_maxgram
 from specbench.models.hf import HFModel
-from specbench.models.maxgram import MaxGramDrafter, longest_suffix_match, longest_suffix_match_vectorised
 from specbench.models.tiny import build_tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: 1 intra-op thread, restored after
@@ -228,8 +228,8 @@ def test_bigram_build_command_and_maxgram_source_with_a_bigram_fill(tmp_path):
     from typer.testing import CliRunner
 
     from specbench.cli import app
+    from specbench.drafters.bigram import corpus_texts
     from specbench.models import registry
-    from specbench.models.bigram import corpus_texts
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"q": "abab", "a": ["ab"], "n": 3}\n\n{"q": "ba\u2028b"}\n')

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from specbench.decoding.sampling import SamplingParams
+from specbench.drafters.maxgram import MaxGramDrafter, longest_suffix_match
 from specbench.models.base import Draft, LanguageModel
 from specbench.models.hf import HFModel
-from specbench.models.maxgram import MaxGramDrafter, longest_suffix_match
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -291,8 +291,8 @@ def test_choose_is_argmax_when_greedy_and_samples_the_warped_row_otherwise():
 def test_every_drafter_proposes_nothing_for_k_0(tiny_model):
     """k = 0 (one token left to generate): an empty draft and no counted pass, whatever the drafter."""
     from specbench.decoding.specdecpp import AcceptanceHead, OracleDrafter, SpecDecPPDrafter
+    from specbench.drafters.bigram import BigramDrafter, BigramTable
     from specbench.models.base import ModelDrafter
-    from specbench.models.bigram import BigramDrafter, BigramTable
 
     weights = tiny_model("tiny-llama", 0)
     prompt, generated = torch.tensor([1, 2, 3]), torch.tensor([4, 5])

@@ -387,7 +387,7 @@ def test_shipped_recipes_are_valid(path):
 
 
 def test_every_samples_across_a_sorted_set_before_the_limit(tmp_path):
-    from specbench.runner import Runner
+    from specbench.pipeline.runner import Runner
 
     data = copy.deepcopy(BASE)
     data["datasets"] = [{"task": "arithmetic", "every": 5, "limit": 3}, {"task": "arithmetic"}]

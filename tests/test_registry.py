@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from specbench.drafters.maxgram import MaxGramDrafter
 from specbench.errors import SpecbenchError
 from specbench.models import registry
 from specbench.models.hf import HFModel
-from specbench.models.maxgram import MaxGramDrafter
 
 
 def request(source: str, **kwargs) -> registry.ModelRequest:

@@ -22,16 +22,16 @@ from typer.testing import CliRunner
 
 from specbench.cli import app
 from specbench.decoding import autoregressive, cascade_drafting, speculative
+from specbench.drafters.maxgram import MaxGramDrafter
 from specbench.errors import SpecbenchError
 from specbench.models.base import ModelDrafter
 from specbench.models.hf import HFModel
-from specbench.models.maxgram import MaxGramDrafter
 from specbench.models.replay import ReplayError, ReplayTarget
+from specbench.pipeline.report import render
+from specbench.pipeline.runner import Runner, _first_difference
+from specbench.pipeline.summary import summarise_cell
+from specbench.pipeline.tune import BEST_YAML, TUNE_CSV, tune
 from specbench.recipe import parse_recipe
-from specbench.report import render
-from specbench.runner import Runner, _first_difference
-from specbench.summary import summarise_cell
-from specbench.tune import BEST_YAML, TUNE_CSV, tune
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CASCADE = ROOT / "recipes" / "cs_drafting" / "quickstart-tiny.yaml"

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from specbench.results import ExampleLog
+from specbench.pipeline.results import ExampleLog
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,9 +17,9 @@ import torch
 
 from specbench.decoding import autoregressive, speculative
 from specbench.decoding.acceptance import exact_rule
+from specbench.drafters.maxgram import MaxGramDrafter
 from specbench.models.base import ModelDrafter
 from specbench.models.hf import HFModel
-from specbench.models.maxgram import MaxGramDrafter
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

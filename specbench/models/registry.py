@@ -32,10 +32,10 @@ from pathlib import Path
 
 import torch
 
+from specbench.drafters import draft_vocab
+from specbench.drafters.maxgram import MaxGramDrafter
 from specbench.errors import SpecbenchError
-from specbench.models import draft_vocab
 from specbench.models.hf import HFModel
-from specbench.models.maxgram import MaxGramDrafter
 
 STATISTICAL_SOURCES = ("prompt-lookup", "maxgram")
 DISTILLED_PREFIX = "distilled:"
@@ -174,7 +174,7 @@ def _load_statistical(request: ModelRequest):
             "use max_ngram, max_copy or bigram (a bigram table file)",
         )
     if "bigram" in opts:
-        from specbench.models.bigram import BigramTable, cs_drafting_maxgram
+        from specbench.drafters.bigram import BigramTable, cs_drafting_maxgram
 
         path = Path(str(opts["bigram"])).expanduser()
         if str(opts["bigram"]).startswith(DISTILLED_PREFIX):
@@ -195,7 +195,7 @@ def distilled_dir(name: str) -> Path:
 
 
 def _load_early_exit(request: ModelRequest, resolve) -> HFModel:
-    from specbench.models.early_exit import early_exit_model, load_exit_head
+    from specbench.drafters.early_exit import early_exit_model, load_exit_head
 
     where = f"models.{request.name}.options"
     opts = dict(request.opts)

@@ -12,7 +12,7 @@
    embedding starts as the target's embedding projected on its top principal directions. An
    ``exit<N>`` student trains only an exit head on the target's first N layers (an early-exit
    self-draft that shares the target's weights). ``small`` and ``base`` score only a draft vocabulary
-   (FR-Spec, see :mod:`specbench.models.draft_vocab`): the N tokens most frequent in the training data.
+   (FR-Spec, see :mod:`specbench.drafters.draft_vocab`): the N tokens most frequent in the training data.
 3. **Loss.** Forward KL from the teacher, exact on the teacher's top-k tokens plus the lumped tail:
    ``-sum_i p_i log q_i - (1 - sum_i p_i) log(1 - sum_i q_i)`` (up to the teacher's entropy).
 
@@ -34,9 +34,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specbench.drafters import draft_vocab
+from specbench.drafters.early_exit import EXIT_HEAD_FILE, ExitHead, early_exit_model
 from specbench.errors import SpecbenchError
-from specbench.models import draft_vocab, registry
-from specbench.models.early_exit import EXIT_HEAD_FILE, ExitHead, early_exit_model
+from specbench.models import registry
 from specbench.tasks import get_task, render_prompt
 
 # (task, split): the training sources. Evaluation splits (GSM8K test, MMLU test, Spec-Bench) never appear.

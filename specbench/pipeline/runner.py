@@ -33,7 +33,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from specbench import __version__
-from specbench.costs import pw_cost
 from specbench.decoding.generation import Generation
 from specbench.decoding.sampling import SamplingParams
 from specbench.errors import SpecbenchError
@@ -41,9 +40,10 @@ from specbench.methods import METHOD_FUNCTIONS, Request, is_lossless
 from specbench.models import registry
 from specbench.models.hf import HFModel
 from specbench.models.replay import ReplayError, ReplayTarget
+from specbench.pipeline.costs import pw_cost
+from specbench.pipeline.results import ENVIRONMENT, EXAMPLES, RESOLVED_RECIPE, ExampleLog, write_atomic
+from specbench.pipeline.summary import write_cells_csv
 from specbench.recipe import METHODS, Cell, Recipe
-from specbench.results import ENVIRONMENT, EXAMPLES, RESOLVED_RECIPE, ExampleLog, write_atomic
-from specbench.summary import write_cells_csv
 from specbench.tasks import Example, get_task, render_prompt
 
 
@@ -448,7 +448,7 @@ def _version(package: str) -> str | None:
 
 def _git_hash() -> str | None:
     try:
-        root = Path(__file__).resolve().parents[1]
+        root = Path(__file__).resolve().parents[2]
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
         )

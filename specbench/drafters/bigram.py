@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from specbench.decoding.sampling import SamplingParams
+from specbench.drafters.maxgram import MaxGramDrafter
 from specbench.errors import SpecbenchError
 from specbench.models.base import Draft, ForwardCounter
-from specbench.models.maxgram import MaxGramDrafter
 
 
 class BigramTable:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from specbench.errors import SpecbenchError
-from specbench.results import read_examples, write_atomic
+from specbench.pipeline.results import read_examples, write_atomic
 
 ACCEPTANCE_CSV = "acceptance_by_position.csv"
 ACCEPTANCE_PNG = "acceptance_by_position.png"

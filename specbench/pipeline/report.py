@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specbench.errors import SpecbenchError
-from specbench.results import CELLS
+from specbench.pipeline.results import CELLS
 
 FORMATS = ("table", "csv", "markdown", "latex")
 

@@ -5,7 +5,7 @@ tokens that followed its leftmost earlier occurrence (CS Drafting, Appendix A; p
 decoding). ``max_ngram`` caps the suffix length (HF's prompt lookup uses 2); ``None`` means
 unbounded, as in Max-Gram. When nothing matches, or the copy is shorter than ``k``, an optional
 ``fill`` drafter completes the proposal (CS Drafting fills with a greedy bigram chain, see
-``specbench.models.bigram.cs_drafting_maxgram``); the fill continues from the last copied token
+``specbench.drafters.bigram.cs_drafting_maxgram``); the fill continues from the last copied token
 (it sees the generation plus the copy), or from the last context token when nothing matched.
 
 ``longest_suffix_match`` extends the match one token per step (a loop per match length);

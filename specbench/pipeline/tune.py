@@ -7,7 +7,7 @@ the best cell of the last round wins. Greedy lossless cells replay the target
 (:mod:`specbench.models.replay`), so the whole search costs one autoregressive run of the target on
 the examples it used, plus drafter passes and the ``replay_check`` examples each cell runs live.
 
-The :class:`~specbench.runner.Runner` evaluates. A cell's rows on 4 examples are the first of its
+The :class:`~specbench.pipeline.runner.Runner` evaluates. A cell's rows on 4 examples are the first of its
 rows on 8 (rows are keyed by content), so each round runs only the new examples, and the output
 directory is an ordinary resumable run directory, with ``tune.csv`` and ``best.yaml`` beside
 ``cells.csv``. tune.csv has one row per evaluation: dataset, method, cell, params (the grid point),
@@ -31,10 +31,10 @@ from rich.console import Console
 from rich.table import Table
 
 from specbench.errors import SpecbenchError
+from specbench.pipeline.results import write_atomic
+from specbench.pipeline.runner import DatasetRun, Runner
+from specbench.pipeline.summary import summarise_cell, write_cells_csv
 from specbench.recipe import Cell, MethodSpec, Recipe, replay_problem
-from specbench.results import write_atomic
-from specbench.runner import DatasetRun, Runner
-from specbench.summary import summarise_cell, write_cells_csv
 
 TUNE_CSV = "tune.csv"
 BEST_YAML = "best.yaml"

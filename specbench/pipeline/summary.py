@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbench.costs import swi
-from specbench.results import CELLS, write_atomic
+from specbench.pipeline.costs import swi
+from specbench.pipeline.results import CELLS, write_atomic
 from specbench.tasks.metrics import corpus_score
 
 

@@ -17,9 +17,9 @@ from rich.table import Table
 
 from specbench.decoding import autoregressive, hf_generate, speculative
 from specbench.decoding.sampling import SamplingParams
+from specbench.drafters.maxgram import MaxGramDrafter
 from specbench.models import registry
 from specbench.models.base import ModelDrafter
-from specbench.models.maxgram import MaxGramDrafter
 from specbench.tasks import get_task, render_prompt
 
 
