@@ -434,6 +434,7 @@ def specdecpp_train(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from specbench import specdecpp
+    from specbench.drafters import acceptance_head
 
     if data_dir is None:
         raise SpecbenchError(
@@ -472,7 +473,7 @@ def specdecpp_train(
     columns += (TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
     with Progress(*columns, console=err) as progress:
         folder = specdecpp.train(config, progress)
-    manifest = json.loads((folder / specdecpp.MANIFEST).read_text())
+    manifest = json.loads((folder / acceptance_head.MANIFEST).read_text())
     scores, constant = manifest["eval"], manifest["eval_constant_predictor"]
     err.print(
         f"{folder}: eval binary KL {scores['binary_kl']:.4f} "

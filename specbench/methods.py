@@ -111,7 +111,7 @@ def _cs_drafting(params: dict, target, drafters: list, r: Request) -> Generation
 
 def _specdecpp(params: dict, target, drafter: HFModel, r: Request) -> Generation:
     """SpecDec++ (Huang et al. 2024): the SD loop with k = max_length and a head-stopped drafter."""
-    from specbench.specdecpp import load_head
+    from specbench.drafters.acceptance_head import load_head
 
     head = load_head(params["head"], drafter.device)
     adaptive = specdecpp_decoding.SpecDecPPDrafter(

@@ -27,7 +27,6 @@ is saved as ``head.safetensors`` next to a ``specdecpp.json`` manifest in
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
@@ -37,13 +36,16 @@ from pathlib import Path
 
 import torch
 
-from specbench.decoding.specdecpp import AcceptanceHead
+from specbench.drafters.acceptance_head import (
+    AcceptanceHead,
+    head_dir,
+    reference,
+    save_head,
+    slug,
+)
 from specbench.errors import SpecbenchError
 from specbench.models import registry
 
-HEAD_FILE = "head.safetensors"
-MANIFEST = "specdecpp.json"
-PREFIX = "specdecpp:"
 DEFAULT_DRAFTER = f"{registry.DISTILLED_PREFIX}{registry.SMOLLM2_ALIAS}/small"
 
 
@@ -90,22 +92,6 @@ class TrainConfig:
         }
         payload = json.dumps(fields | {"data": fingerprint, "version": 1}, sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
-
-
-def slug(source: str) -> str:
-    """A model source as one folder name: ``distilled:smollm2-135m-instruct/small`` ->
-    ``distilled-smollm2-135m-instruct--small``."""
-    return source.replace(":", "-").replace("/", "--")
-
-
-def head_dir(target: str, drafter: str, name: str = "default") -> Path:
-    return registry.cache_dir() / "specdecpp" / slug(target) / slug(drafter) / name
-
-
-def reference(target: str, drafter: str, name: str = "default") -> str:
-    """The recipe's ``head:`` value for a head trained for ``target`` and ``drafter``."""
-    tail = "" if name == "default" else f"/{name}"
-    return f"{PREFIX}{slug(target)}/{slug(drafter)}{tail}"
 
 
 # -- data --------------------------------------------------------------------------------------
@@ -437,65 +423,3 @@ def train(config: TrainConfig, progress) -> Path:
         "seconds": {"data": round(data_seconds, 1), "total": round(time.perf_counter() - started, 1)},
     }
     return save_head(head, manifest, head_dir(config.target, config.drafter, config.name))
-
-
-def save_head(head: AcceptanceHead, manifest: dict, out: Path) -> Path:
-    from safetensors.torch import save_file
-
-    staging = out.with_name(out.name + ".tmp")
-    staging.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(staging / HEAD_FILE))
-    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    if out.exists():
-        import shutil
-
-        shutil.rmtree(out)
-    staging.rename(out)
-    return out
-
-
-# -- loading -----------------------------------------------------------------------------------
-
-
-def check_reference(value: str) -> str | None:
-    """Recipe-time check of a ``head:`` value's shape: None, or the fix."""
-    if value.startswith(PREFIX):
-        parts = value.removeprefix(PREFIX).split("/")
-        if len(parts) in (2, 3) and all(parts):
-            return None
-        return "write head: specdecpp:<target>/<drafter>[/<name>] (as `specbench specdecpp train` prints)"
-    return None if value else "name a head: specdecpp:<target>/<drafter>[/<name>] or a folder path"
-
-
-def resolve(value: str) -> Path:
-    """The folder of the head a recipe names; a one-line error saying how to train it if missing."""
-    if value.startswith(PREFIX):
-        parts = value.removeprefix(PREFIX).split("/")
-        folder = registry.cache_dir() / "specdecpp" / Path(*parts)
-        if len(parts) == 2:
-            folder = folder / "default"
-    else:
-        folder = Path(value).expanduser()
-    if not (folder / HEAD_FILE).is_file():
-        raise SpecbenchError(
-            f"head {value}",
-            f"no trained SpecDec++ head in {folder}",
-            "train it with `specbench specdecpp train --target T --drafter D [--name N]` "
-            "(it prints the head: value to use)",
-        )
-    return folder
-
-
-@functools.lru_cache(maxsize=8)
-def _read(folder: Path) -> tuple[dict, dict]:
-    from safetensors.torch import load_file
-
-    return load_file(str(folder / HEAD_FILE)), json.loads((folder / MANIFEST).read_text())
-
-
-def load_head(value: str, device: torch.device, dtype: torch.dtype = torch.float32) -> AcceptanceHead:
-    """The head a recipe names, on ``device`` (weights read from disk once per process)."""
-    state, manifest = _read(resolve(value))
-    head = AcceptanceHead(int(manifest["hidden_size"]), int(manifest["depth"]))
-    head.load_state_dict(state)
-    return head.to(device=device, dtype=dtype).eval()

@@ -22,7 +22,9 @@ from scipy.stats import chisquare
 from specbench import specdecpp
 from specbench.decoding import autoregressive, hf_generate, speculative
 from specbench.decoding.sampling import SamplingParams
-from specbench.decoding.specdecpp import AcceptanceHead, OracleDrafter, SpecDecPPDrafter, should_stop
+from specbench.decoding.specdecpp import OracleDrafter, SpecDecPPDrafter, should_stop
+from specbench.drafters import acceptance_head
+from specbench.drafters.acceptance_head import AcceptanceHead
 from specbench.efficiency import discard_verification_rates, time_per_token
 from specbench.errors import SpecbenchError
 from specbench.methods import METHOD_FUNCTIONS, Request, is_lossless
@@ -179,8 +181,8 @@ def test_training_is_deterministic_to_the_byte(pair, tmp_path):
     for run in range(2):
         with Progress(disable=True) as progress:
             head, record = specdecpp.train_head(features, labels, config, progress)
-        out = specdecpp.save_head(head, {"hidden_size": HIDDEN, "depth": 3}, tmp_path / f"run{run}")
-        digests.append(hashlib.sha256((out / specdecpp.HEAD_FILE).read_bytes()).hexdigest())
+        out = acceptance_head.save_head(head, {"hidden_size": HIDDEN, "depth": 3}, tmp_path / f"run{run}")
+        digests.append(hashlib.sha256((out / acceptance_head.HEAD_FILE).read_bytes()).hexdigest())
     assert digests[0] == digests[1] and record["steps"] == 6
     scores = specdecpp.evaluate(head, features, labels)
     assert 0 <= scores["binary_kl"] and 0 <= scores["accuracy"] <= 1
@@ -501,7 +503,9 @@ def test_oracle_needs_the_autoregressive_output():
 def test_a_missing_head_says_how_to_train_it(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
     with pytest.raises(SpecbenchError, match="specbench specdecpp train") as error:
-        specdecpp.load_head("specdecpp:smollm2-135m-instruct/distilled-smollm2-135m-instruct--small", "cpu")
+        acceptance_head.load_head(
+            "specdecpp:smollm2-135m-instruct/distilled-smollm2-135m-instruct--small", "cpu"
+        )
     assert "\n" not in str(error.value)
 
 
@@ -543,12 +547,14 @@ def test_train_a_tiny_head_and_run_the_tiny_recipe(tmp_path, monkeypatch):
     )  # fmt: skip
     with Progress(disable=True) as progress:
         folder = specdecpp.train(config, progress)
-    manifest = json.loads((folder / specdecpp.MANIFEST).read_text())
+    manifest = json.loads((folder / acceptance_head.MANIFEST).read_text())
     assert head_params == {manifest["reference"]}
     assert manifest["eval"]["draft_tokens"] > 0 and manifest["data"]["eval_sequences"] == 1
     with Progress(disable=True) as progress:  # again: the cached data, the same head bytes
         again = specdecpp.train(config, progress)
-    assert (again / specdecpp.HEAD_FILE).read_bytes() == (folder / specdecpp.HEAD_FILE).read_bytes()
+    assert (again / acceptance_head.HEAD_FILE).read_bytes() == (
+        folder / acceptance_head.HEAD_FILE
+    ).read_bytes()
     Runner(recipe, tmp_path / "out", limit=2).run()
     rows = [json.loads(line) for line in (tmp_path / "out" / "examples.jsonl").read_text().splitlines()]
     assert {"specdecpp", "oracle_sd"} <= {row["method"] for row in rows}

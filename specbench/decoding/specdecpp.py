@@ -27,43 +27,11 @@ that agree with the target's greedy output, stopping right before the first disa
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from specbench.decoding.sampling import SamplingParams
+from specbench.drafters.acceptance_head import AcceptanceHead
 from specbench.models.base import Draft, ModelDrafter
 from specbench.models.hf import HFModel
-
-
-class ResBlock(nn.Module):
-    """x + SiLU(W x + b): one residual block of the head."""
-
-    def __init__(self, hidden_size: int):
-        super().__init__()
-        self.linear = nn.Linear(hidden_size, hidden_size)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + nn.functional.silu(self.linear(x))
-
-
-class AcceptanceHead(nn.Module):
-    """A D-layer ResNet with SiLU activations and a linear read-out (D = 0: one linear layer).
-
-    ``forward`` returns the acceptance logit; ``probability`` its sigmoid, the predicted p̂ of Eq. 3.1.
-    Unlike the release (which repeats one ``ResBlock`` object D times, sharing its weights), each
-    block here has its own weights.
-    """
-
-    def __init__(self, hidden_size: int, depth: int = 3):
-        super().__init__()
-        self.hidden_size, self.depth = hidden_size, depth
-        self.blocks = nn.Sequential(*(ResBlock(hidden_size) for _ in range(depth)))
-        self.out = nn.Linear(hidden_size, 1)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.out(self.blocks(hidden)).squeeze(-1)
-
-    def probability(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(self.forward(hidden.to(self.out.weight.dtype)))
 
 
 class SpecDecPPDrafter(ModelDrafter):
