@@ -1,37 +1,59 @@
-"""The decoding methods a recipe can name, each a thin adapter onto its algorithm module.
+"""The method interface and its registry: what a recipe's ``method:`` names.
 
-A method gets the cell's resolved hyperparameters, the loaded target, its drafter (None, a model or
-a statistical drafter; for cascades the list of drafters, largest first, statistical last) and one
-prompt, and returns a :class:`~specbench.decoding.generation.Generation`. Later algorithms add
-one entry here and their hyperparameter schema in ``specbench.recipe.METHODS``.
+Every decoding module in :mod:`specbench.decoding` that implements a method declares it next to its
+algorithm, as a module-level ``METHODS = (Method(...), ...)``: the hyperparameters with their types,
+ranges and help (:class:`ParamSpec`), the drafter roles it takes, a rule across parameters, whether its
+output must equal the target's own, and ``run``, the adapter from a cell's parameters and one
+:class:`Request` to the algorithm's :class:`~specbench.decoding.generation.Generation`. :data:`METHODS`
+collects them the first time it is read (as lm-evaluation-harness collects its tasks), so a new method
+is one new module in ``specbench/decoding/`` plus its tests.
+
+This module imports neither torch nor the recipe schema: the recipe asks the registry for a method's
+specs, and the decoding modules import only :class:`Method`, :class:`ParamSpec` and :class:`Request`
+from here.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from specbench.decoding import (
-    autoregressive,
-    cascade_drafting,
-    hf_generate,
-    sequential_cascades,
-    spec_cascades,
-    speculative,
-)
-from specbench.decoding import specdecpp as specdecpp_decoding
-from specbench.decoding.acceptance import lenience_factor
-from specbench.decoding.generation import Generation
-from specbench.decoding.sampling import SamplingParams
-from specbench.models.base import ModelDrafter
-from specbench.models.hf import HFModel
+    from specbench.decoding.generation import Generation
+    from specbench.decoding.sampling import SamplingParams
+    from specbench.recipe import GenerationSpec, MethodSpec
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    type: type  # int, float, str, bool or list; a bool is never accepted as a number
+    default: Any
+    help: str
+    minimum: float | None = None  # inclusive
+    maximum: float | None = None  # inclusive
+    choices: tuple | None = None
+    validator: Callable[[Any], str | None] | None = None  # extra rule: None, or the fix for a bad value
+    # A parameter added after results were published: at its default it is left out of the cell
+    # fingerprint, so rows recorded before it existed still resume.
+    added_later: bool = False
+
+
+DRAFT_LENGTH = ParamSpec(int, 4, "draft length, the tokens proposed per target verification", 1, 64)
+
+# A rule across parameters, called with every fully resolved grid point, the method's recipe entry and
+# the generation settings: None, or (param, problem, fix).
+Check = Callable[[dict, "MethodSpec", "GenerationSpec"], "tuple[str, str, str] | None"]
 
 
 @dataclass(frozen=True)
 class Request:
+    """One example as a method sees it: the prompt, the decoding settings and the seeded generator."""
+
     prompt_ids: torch.Tensor
     max_new_tokens: int
     sampling: SamplingParams
@@ -41,197 +63,89 @@ class Request:
     # ``needs_reference`` (oracles); None otherwise
     reference_ids: list[int] | None = None
 
-
-def _autoregressive(params: dict, target, drafter, r: Request) -> Generation:
-    return autoregressive.generate(
-        target,
-        r.prompt_ids,
-        max_new_tokens=r.max_new_tokens,
-        sampling=r.sampling,
-        eos_token_id=r.eos_token_id,
-        generator=r.generator,
-    )
-
-
-def _speculative(params: dict, target, drafter, r: Request) -> Generation:
-    if isinstance(drafter, HFModel):
-        drafter = ModelDrafter(drafter)
-    return speculative.generate(
-        target,
-        drafter,
-        r.prompt_ids,
-        k=params["k"],
-        max_new_tokens=r.max_new_tokens,
-        sampling=r.sampling,
-        eos_token_id=r.eos_token_id,
-        generator=r.generator,
-        lenience=lenience_factor(params.get("lenience", 1.0), params.get("lenience_convention", "cs")),
-    )
-
-
-def _hf(params: dict, target, drafter, r: Request, *, prompt_lookup: bool = False) -> Generation:
-    return hf_generate.generate(
-        target,
-        r.prompt_ids,
-        max_new_tokens=r.max_new_tokens,
-        sampling=r.sampling,
-        eos_token_id=r.eos_token_id,
-        generator=r.generator,
-        assistant=drafter,
-        k=params["k"],
-        prompt_lookup=prompt_lookup,
-        max_ngram=params.get("max_ngram", 2),
-        schedule=params.get("num_assistant_tokens_schedule", "constant"),
-        confidence_threshold=params.get("assistant_confidence_threshold", 0.0),
-    )
-
-
-def _cs_drafting(params: dict, target, drafters: list, r: Request) -> Generation:
-    *neural, mag = drafters
-    K = params["K"]
-    if params["k_convention"] == "increment":
-        K = cascade_drafting.cumulative_from_increments(K)
-    return cascade_drafting.generate(
-        target,
-        neural,
-        mag,
-        r.prompt_ids,
-        K=K,
-        max_new_tokens=r.max_new_tokens,
-        sampling=r.sampling,
-        eos_token_id=r.eos_token_id,
-        generator=r.generator,
-        lenience=params["lenience"],
-        mag_tokens=params["mag_tokens"],
-        mag_tail=params["mag_tail"],
-        mag_lenience=params["mag_lenience"],
-        reference_compat=params["reference_compat"],
-    )
-
-
-def _specdecpp(params: dict, target, drafter: HFModel, r: Request) -> Generation:
-    """SpecDec++ (Huang et al. 2024): the SD loop with k = max_length and a head-stopped drafter."""
-    from specbench.drafters.acceptance_head import load_head
-
-    head = load_head(params["head"], drafter.device)
-    adaptive = specdecpp_decoding.SpecDecPPDrafter(
-        drafter,
-        head,
-        threshold=params["threshold"],
-        min_length=params["min_length"],
-        eos_token_id=r.eos_token_id,
-    )
-    try:
-        return speculative.generate(
-            target,
-            adaptive,
-            r.prompt_ids,
-            k=params["max_length"],
-            max_new_tokens=r.max_new_tokens,
-            sampling=r.sampling,
-            eos_token_id=r.eos_token_id,
-            generator=r.generator,
+    def decoding(self) -> dict:
+        """The keyword arguments every decoding loop takes."""
+        return dict(
+            max_new_tokens=self.max_new_tokens,
+            sampling=self.sampling,
+            eos_token_id=self.eos_token_id,
+            generator=self.generator,
         )
-    finally:
-        drafter.keep_hidden = False  # other cells share this drafter: back to the fast path
 
 
-def _oracle_sd(params: dict, target, drafter: HFModel, r: Request) -> Generation:
-    """Lemma 2.1's greedy oracle: draft lengths from the target's own AR output (Request.reference_ids)."""
-    oracle = specdecpp_decoding.OracleDrafter(drafter, r.prompt_ids, r.reference_ids or [])
-    return speculative.generate(
-        target,
-        oracle,
-        r.prompt_ids,
-        k=r.max_new_tokens,
-        max_new_tokens=r.max_new_tokens,
-        sampling=r.sampling,
-        eos_token_id=r.eos_token_id,
-        generator=r.generator,
-    )
+# run(params, target, drafter, request): the drafter is None, a model or a statistical drafter; for a
+# method with ``drafter_list`` the list of drafters, largest first, statistical last.
+Run = Callable[[dict, Any, Any, Request], "Generation"]
 
 
-def _cascade_kwargs(r: Request) -> dict:
-    return dict(
-        max_new_tokens=r.max_new_tokens,
-        sampling=r.sampling,
-        eos_token_id=r.eos_token_id,
-        generator=r.generator,
-    )
+def never(params: dict) -> bool:
+    return False
 
 
-def _spec_cascade(params: dict, target, drafter: HFModel, r: Request) -> Generation:
-    """Speculative cascades (Narasimhan et al. 2025, Algorithm 4) with deferral rule ``rule``."""
-    return spec_cascades.generate(
-        target,
-        ModelDrafter(drafter),
-        r.prompt_ids,
-        rule=params["rule"],
-        params=params,
-        k=params["k"],
-        **_cascade_kwargs(r),
-    )
+def always(params: dict) -> bool:
+    return True
 
 
-def _token_cascade(params: dict, target, drafter: HFModel, r: Request) -> Generation:
-    return sequential_cascades.token_cascade(
-        target,
-        drafter,
-        r.prompt_ids,
-        rule=params["rule"],
-        alpha=params["alpha"],
-        max_small_tokens=params["max_small_tokens"],
-        **_cascade_kwargs(r),
-    )
+@dataclass(frozen=True)
+class Method:
+    name: str
+    help: str
+    run: Run
+    params: dict[str, ParamSpec]
+    needs_drafter: bool = False
+    neural_drafter_only: bool = False  # the drafter must be a model, not a statistical drafter
+    drafter_list: bool = False  # takes ``drafters:`` (a cascade) instead of ``drafter:``
+    # reads the target's own autoregressive output for the same example (oracles): the recipe must
+    # hold an autoregressive method on the same target, and the runner passes its output ids
+    needs_reference: bool = False
+    check: Check | None = None
+    # whether a cell with these parameters must reproduce the target's own output (checked against the
+    # AR cell when greedy, and the condition for replaying the target)
+    lossless: Callable[[dict], bool] = never
+    # why the target cannot be replayed from its AR output, when the method runs the target itself
+    no_replay: str | None = None
 
 
-def _seq_cascade(params: dict, target, drafter: HFModel, r: Request) -> Generation:
-    return sequential_cascades.seq_cascade(
-        target, drafter, r.prompt_ids, alpha=params["alpha"], **_cascade_kwargs(r)
-    )
+def given_params(spec: MethodSpec) -> set[str]:
+    """The parameter names a recipe entry sets, in params or grid."""
+    return spec.params.keys() | spec.grid.keys()
 
 
-def _oracle_cascade(params: dict, target, drafter: HFModel, r: Request) -> Generation:
-    return sequential_cascades.oracle_cascade(
-        target, drafter, r.prompt_ids, rule=params["rule"], params=params, **_cascade_kwargs(r)
-    )
+class MethodRegistry(MutableMapping):
+    """Method name -> :class:`Method`, filled on first use from every ``specbench.decoding`` module's
+    ``METHODS``. Mutable so that tests can register a method for their own duration."""
+
+    def __init__(self, package: str = "specbench.decoding"):
+        self._package = package
+        self._methods: dict[str, Method] | None = None
+
+    def _loaded(self) -> dict[str, Method]:
+        if self._methods is None:
+            package = importlib.import_module(self._package)
+            methods: dict[str, Method] = {}
+            for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda info: info.name):
+                module = importlib.import_module(f"{self._package}.{info.name}")
+                for method in getattr(module, "METHODS", ()):
+                    if method.name in methods:
+                        raise RuntimeError(f"method {method.name!r} is declared twice ({module.__name__})")
+                    methods[method.name] = method
+            self._methods = methods
+        return self._methods
+
+    def __getitem__(self, name: str) -> Method:
+        return self._loaded()[name]
+
+    def __setitem__(self, name: str, method: Method) -> None:
+        self._loaded()[name] = method
+
+    def __delitem__(self, name: str) -> None:
+        del self._loaded()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loaded())
+
+    def __len__(self) -> int:
+        return len(self._loaded())
 
 
-def _bild(params: dict, target, drafter: HFModel, r: Request) -> Generation:
-    return sequential_cascades.bild(
-        target,
-        drafter,
-        r.prompt_ids,
-        alpha=params["alpha"],
-        fallback_alpha=params["fallback_alpha"],
-        k=params["k"],
-        discrepancy_metric=params["discrepancy"],
-        **_cascade_kwargs(r),
-    )
-
-
-METHOD_FUNCTIONS: dict[str, Callable[[dict, object, object, Request], Generation]] = {
-    "autoregressive": _autoregressive,
-    "speculative": _speculative,
-    "hf_assisted": _hf,
-    "hf_prompt_lookup": functools.partial(_hf, prompt_lookup=True),
-    "cs_drafting": _cs_drafting,
-    "spec_cascade": _spec_cascade,
-    "token_cascade": _token_cascade,
-    "seq_cascade": _seq_cascade,
-    "oracle_cascade": _oracle_cascade,
-    "bild": _bild,
-    "specdecpp": _specdecpp,
-    "oracle_sd": _oracle_sd,
-}
-
-
-def is_lossless(method: str, params: dict) -> bool:
-    """Whether the method must reproduce the target's own output (checked against the AR cell when greedy)."""
-    if method == "speculative":
-        return params.get("lenience", 1.0) == 1.0
-    if method == "spec_cascade":  # π = p exactly: the sd rule, or lossy SD with α = 0 and β = 1
-        lossy_as_sd = params.get("alpha") == 0 and params.get("beta") == 1 and not params.get("tune_beta")
-        return params.get("rule") == "sd" or (params.get("rule") == "lossy" and lossy_as_sd)
-    # CS Drafting's lenience loosens only the drafters' reviews; the target's stays strict
-    return method in ("hf_assisted", "hf_prompt_lookup", "cs_drafting", "specdecpp", "oracle_sd")
+METHODS = MethodRegistry()

@@ -6,8 +6,9 @@ and ``Recipe.cells`` expands every method's grid into cells. Every problem becom
 ``recipes/x.yaml: methods[1].grid.k[0]: 0 is out of range (k: draft length, ...) — fix: use 1 <= k <= 64``.
 
 Validation has two layers: pydantic checks the shape, types and ranges of the schema; plain
-Python then checks what needs the whole recipe (model references, method parameters against
-:data:`METHODS`, task names).
+Python then checks what needs the whole recipe (model references, task names, and each method's
+parameters and cross-field rule, which the method declares next to its algorithm and the registry
+:data:`specbench.methods.METHODS` hands over). Nothing here knows a particular method.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import json
 import os
 import re
 import types
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -38,417 +39,12 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from specbench.errors import SpecbenchError
+from specbench.methods import METHODS, Method, ParamSpec
 from specbench.pipeline.costs import cost_tables
 
 NAME_PATTERN = r"[A-Za-z0-9_.-]+"
 # The same list as specbench.models.registry, which is not imported here because it pulls in torch.
 STATISTICAL_SOURCES = ("prompt-lookup", "maxgram")
-
-
-# -- method schemas ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    type: type  # int, float, str, bool or list; a bool is never accepted as a number
-    default: Any
-    help: str
-    minimum: float | None = None  # inclusive
-    maximum: float | None = None  # inclusive
-    choices: tuple | None = None
-    validator: Callable[[Any], str | None] | None = None  # extra rule: None, or the fix for a bad value
-    # A parameter added after results were published: at its default it is left out of the cell
-    # fingerprint, so rows recorded before it existed still resume.
-    added_later: bool = False
-
-
-@dataclass(frozen=True)
-class MethodInfo:
-    needs_drafter: bool
-    params: dict[str, ParamSpec]
-    help: str = ""
-    neural_drafter_only: bool = False  # the drafter must be a model, not a statistical drafter
-    drafter_list: bool = False  # takes ``drafters:`` (a cascade) instead of ``drafter:``
-    # reads the target's own autoregressive output for the same example (oracles): the recipe must
-    # hold an autoregressive method on the same target, and the runner passes its output ids
-    needs_reference: bool = False
-    # Rule across parameters, called with every fully resolved grid point, the method's recipe entry
-    # and the generation settings: None, or (param, problem, fix).
-    check: Callable[[dict, MethodSpec, GenerationSpec], tuple[str, str, str] | None] | None = None
-
-
-def _positive(value: float) -> str | None:
-    return None if value > 0 else "use a value > 0"
-
-
-def _check_lenience(
-    params: dict, spec: MethodSpec, generation: GenerationSpec
-) -> tuple[str, str, str] | None:
-    lenience, convention = params["lenience"], params["lenience_convention"]
-    if convention == "cs" and lenience < 1:
-        return (
-            "lenience",
-            f"lenience {lenience} is below 1, which the cs convention does not allow",
-            "use lenience >= 1, or lenience_convention: leviathan for lenience in (0, 1]",
-        )
-    if convention == "leviathan" and lenience > 1:
-        return (
-            "lenience",
-            f"lenience {lenience} is above 1, which the leviathan convention does not allow",
-            "use lenience in (0, 1], or lenience_convention: cs for lenience >= 1",
-        )
-    return None
-
-
-def _check_cascade(params: dict, spec: MethodSpec, generation: GenerationSpec) -> tuple[str, str, str] | None:
-    """CS Drafting: reference_compat decodes greedily only; K is n x n for the n neural drafters,
-    upper-triangular, budgets >= 1 on the diagonal, and cumulative rows never decrease (so increments
-    past the diagonal are >= 0)."""
-    if params["reference_compat"] and generation.temperature > 0:
-        return (
-            "reference_compat",
-            "reference_compat reproduces the reference code, which decodes greedily only",
-            "set generation.temperature: 0, or reference_compat: false",
-        )
-    K, cumulative = params["K"], params["k_convention"] == "cumulative"
-    n = len(spec.drafters) - 1
-    example = [[0] * r + [2 * (c - r + 1) if cumulative else 2 for c in range(r, n)] for r in range(n)]
-    shape = f"write {n} rows of {n} integers, one row and column per neural drafter, e.g. {example}"
-    if K is None:
-        return "K", "cs_drafting needs K, the budget matrix of its cascade", shape
-    if not all(isinstance(row, list) and all(type(x) is int for x in row) for row in K):
-        return "K", f"K = {K} is not a list of rows of integers", shape
-    if len(K) != n or any(len(row) != n for row in K):
-        neural = ", ".join(spec.drafters[:-1])
-        return "K", f"K = {K} is not {n} x {n}, for {n} neural drafters ({neural})", shape
-    for r, row in enumerate(K):
-        for c, value in enumerate(row):
-            at = f"K[{r}][{c}] = {value} (k{r + 1}{c + 1})"
-            if c < r and value != 0:
-                return "K", f"{at} lies below the diagonal of K = {K}", "K is upper-triangular: write 0 there"
-            least = 1 if cumulative or c == r else 0
-            if c >= r and value < least:
-                fix = (
-                    "use budgets >= 1"
-                    if cumulative
-                    else "use >= 1 on the diagonal and increments >= 0 after it"
-                )
-                return "K", f"{at} is below {least} in K = {K}", fix
-            if cumulative and c > r and value < row[c - 1]:
-                return (
-                    "K",
-                    f"{at} < K[{r}][{c - 1}] = {row[c - 1]}: row {r} of the cumulative K = {K} decreases",
-                    "make each row non-decreasing, or set k_convention: increment if the rows are increments",
-                )
-    return None
-
-
-DRAFT_LENGTH = ParamSpec(int, 4, "draft length, the tokens proposed per target verification", 1, 64)
-
-# Later algorithms register here: METHODS["name"] = MethodInfo(...), plus an entry in specbench.methods.
-METHODS: dict[str, MethodInfo] = {
-    "autoregressive": MethodInfo(False, {}, "one target forward pass per token"),
-    "speculative": MethodInfo(
-        True,
-        {
-            "k": DRAFT_LENGTH,
-            "lenience": ParamSpec(float, 1.0, "loosens the review; 1 = lossless", validator=_positive),
-            "lenience_convention": ParamSpec(
-                str, "cs", "cs: lenience >= 1; leviathan: lenience in (0, 1]", choices=("cs", "leviathan")
-            ),
-        },
-        "speculative decoding (Leviathan et al. 2023), greedy or sampled",
-        check=_check_lenience,
-    ),
-    "hf_assisted": MethodInfo(
-        True,
-        {
-            "k": DRAFT_LENGTH,
-            "num_assistant_tokens_schedule": ParamSpec(
-                str,
-                "constant",
-                "constant: k drafts every step; heuristic(_transient): k + 2 after a full accept, else k - 1",
-                choices=("constant", "heuristic", "heuristic_transient"),
-                added_later=True,
-            ),
-            "assistant_confidence_threshold": ParamSpec(
-                float,
-                0.0,
-                "stop drafting when the assistant's top probability is below it; 0 = off",
-                0,
-                1,
-                added_later=True,
-            ),
-        },
-        "transformers generate(assistant_model=...): k drafts, or HF's adaptive schedule / confidence stop",
-        neural_drafter_only=True,
-    ),
-    "hf_prompt_lookup": MethodInfo(
-        False,
-        {"k": DRAFT_LENGTH, "max_ngram": ParamSpec(int, 2, "longest n-gram prompt lookup matches", 1)},
-        "transformers generate(prompt_lookup_num_tokens=k)",
-    ),
-    "cs_drafting": MethodInfo(
-        False,
-        {
-            "K": ParamSpec(
-                list,
-                None,
-                "budget matrix, one row and column per neural drafter, e.g. [[2, 4], [0, 3]]",
-            ),
-            "k_convention": ParamSpec(
-                str,
-                "cumulative",
-                "cumulative: the paper's K; increment: the reference code's (k12 = K[0][0] + K[0][1])",
-                choices=("cumulative", "increment"),
-            ),
-            "lenience": ParamSpec(
-                float, 1.0, "lenience l of the drafters' reviews (the target's is strict)", 1
-            ),
-            "mag_tokens": ParamSpec(int, 10, "tokens the statistical drafter proposes per call", 1, 64),
-            "mag_tail": ParamSpec(
-                int,
-                10,
-                "Max-Gram tokens ending every level's draft (the reference's Max-Gram K column); 0: off",
-                0,
-                64,
-            ),
-            "mag_lenience": ParamSpec(
-                bool, True, "false: the smallest drafter reviews Max-Gram strictly (paper, Appendix B)"
-            ),
-            "reference_compat": ParamSpec(
-                bool,
-                False,
-                "test lenient reviews against the rows the reference code passes (for comparison)",
-            ),
-        },
-        "CS Drafting (Chen et al. 2024): vertical and horizontal cascades over drafters, greedy or sampled",
-        drafter_list=True,
-        check=_check_cascade,
-    ),
-}
-
-
-def _specdecpp_head(value: str) -> str | None:
-    """The head's shape only (it is looked up when the cell runs: see specbench.specdecpp.resolve)."""
-    if value.startswith("specdecpp:"):
-        parts = value.removeprefix("specdecpp:").split("/")
-        if len(parts) in (2, 3) and all(parts):
-            return None
-        return "write specdecpp:<target>/<drafter>[/<name>], as `specbench specdecpp train` prints it"
-    return None if value.strip() else "name a head: specdecpp:<target>/<drafter>[/<name>] or a folder"
-
-
-def _check_specdecpp(
-    params: dict, spec: MethodSpec, generation: GenerationSpec
-) -> tuple[str, str, str] | None:
-    if params["head"] is None:
-        return (
-            "head",
-            "specdecpp needs head:, its trained acceptance prediction head",
-            "train one with `specbench specdecpp train --target T --drafter D` and set the head: it prints",
-        )
-    if params["min_length"] > params["max_length"]:
-        return (
-            "min_length",
-            f"min_length {params['min_length']} exceeds max_length {params['max_length']}",
-            "use min_length <= max_length (the paper's bounds are 2 and 20)",
-        )
-    return None
-
-
-def _check_oracle(params: dict, spec: MethodSpec, generation: GenerationSpec) -> tuple[str, str, str] | None:
-    if generation.temperature > 0:
-        return (
-            "method",
-            f"oracle_sd is Lemma 2.1's greedy oracle, but generation.temperature is {generation.temperature}",
-            "set generation.temperature: 0, or drop the oracle from this recipe",
-        )
-    return None
-
-
-METHODS["specdecpp"] = MethodInfo(
-    True,
-    {
-        "head": ParamSpec(
-            str,
-            None,
-            "acceptance head: specdecpp:<target>/<drafter>[/<name>] or a folder",
-            validator=_specdecpp_head,
-        ),
-        "threshold": ParamSpec(
-            float, 0.3, "stop when the predicted P(some candidate rejected) exceeds h", 0, 1
-        ),
-        "min_length": ParamSpec(int, 2, "fewest candidates per round (inclusive)", 1, 64),
-        "max_length": ParamSpec(int, 20, "most candidates per round (inclusive)", 1, 64),
-    },
-    "SpecDec++ (Huang et al. 2024): adaptive candidate length from a trained acceptance head",
-    neural_drafter_only=True,
-    check=_check_specdecpp,
-)
-METHODS["oracle_sd"] = MethodInfo(
-    True,
-    {},
-    "Lemma 2.1 of SpecDec++: greedy SD that stops each round right before the draft's first disagreement",
-    neural_drafter_only=True,
-    needs_reference=True,
-    check=_check_oracle,
-)
-
-
-# Speculative cascades (Narasimhan et al. 2025). The same names as specbench.decoding.deferral.RULES,
-# which is not imported here because it pulls in torch (tests/test_deferral.py keeps them equal).
-SPEC_CASCADE_RULES = ("sd", "lossy", "bild", "chow", "diff", "opt", "chow_log", "diff_log", "opt_log")
-SPEC_CASCADE_RULES += ("token_v1", "token_v2", "token")
-ORACLE_RULES = ("bild", "chow", "diff", "opt", "chow_log", "diff_log", "opt_log")  # the δ(q, p) rules
-CASCADE_ALPHA = ParamSpec(
-    float, 0.0, "cost α of deferring to the large model; higher: fewer deferrals (swept for the curves)", 0
-)
-DISCREPANCY = ParamSpec(
-    str,
-    "auto",
-    "BiLD's D(q, p): greedy -log p(argmax q), sampling -Σ q log p; auto: greedy at temperature 0",
-    choices=("auto", "greedy", "sampling"),
-)
-
-
-def _given(spec: MethodSpec) -> set[str]:
-    return spec.params.keys() | spec.grid.keys()
-
-
-def _check_rule_params(
-    params: dict, spec: MethodSpec, allowed: tuple[str, ...], rules: tuple[str, ...]
-) -> tuple[str, str, str] | None:
-    """The rule is given, takes every rule parameter the recipe sets, and α is in its range."""
-    from specbench.decoding.deferral import RULES  # torch: paid only by recipes with cascades
-
-    rule = params["rule"]
-    if rule is None:
-        return (
-            "rule",
-            f"{spec.method} needs rule:, its deferral rule",
-            f"add rule: with one of {', '.join(rules)}",
-        )
-    takes = RULES[rule].params
-    for name in sorted(_given(spec) & set(allowed) - set(takes)):
-        fix = f"remove {name} (rule {rule} takes {', '.join(takes) or 'no parameter'})"
-        if "rule" in spec.grid:
-            fix += ", or give rules with different parameters their own method entry"
-        return name, f"rule {rule!r} takes no parameter {name!r}", fix
-    alpha, alpha_max = params.get("alpha", 0.0), RULES[rule].alpha_max
-    if rule == "lossy" and alpha >= 1:
-        return "alpha", f"lossy SD needs α < 1 (it divides by 1 - α), got {alpha}", "use 0 <= alpha < 1"
-    if alpha_max is not None and alpha > alpha_max:
-        return (
-            "alpha",
-            f"rule {rule!r} thresholds a probability, so α = {alpha} > 1 never defers",
-            "use alpha <= 1",
-        )
-    return None
-
-
-def _check_spec_cascade(
-    params: dict, spec: MethodSpec, generation: GenerationSpec
-) -> tuple[str, str, str] | None:
-    problem = _check_rule_params(
-        params, spec, ("alpha", "beta", "tune_beta", "discrepancy"), SPEC_CASCADE_RULES
-    )
-    if problem or params["rule"] != "lossy":
-        return problem
-    if params["tune_beta"] and "beta" in _given(spec):
-        return (
-            "beta",
-            "beta is given, but tune_beta: true chooses β itself",
-            "remove beta, or set tune_beta: false",
-        )
-    if not params["tune_beta"] and params["beta"] < 1 - params["alpha"]:
-        return (
-            "beta",
-            f"lossy SD needs β >= 1 - α (Sec. 2), got β = {params['beta']} with α = {params['alpha']}",
-            f"use beta >= {1 - params['alpha']:g}, or tune_beta: true",
-        )
-    return None
-
-
-def _check_token_cascade(
-    params: dict, spec: MethodSpec, generation: GenerationSpec
-) -> tuple[str, str, str] | None:
-    return _check_rule_params(params, spec, ("alpha",), ("chow", "chow_log"))
-
-
-def _check_oracle_cascade(
-    params: dict, spec: MethodSpec, generation: GenerationSpec
-) -> tuple[str, str, str] | None:
-    return _check_rule_params(params, spec, ("alpha", "discrepancy"), ORACLE_RULES)
-
-
-METHODS["spec_cascade"] = MethodInfo(
-    True,
-    {
-        "rule": ParamSpec(
-            str,
-            None,
-            "deferral rule: sd, lossy, bild (BiLD*), chow, diff, opt, chow_log, diff_log, opt_log, "
-            "token_v1, token_v2, token (the paper's Token, Eq. 15)",
-            choices=SPEC_CASCADE_RULES,
-        ),
-        "alpha": CASCADE_ALPHA,
-        "beta": ParamSpec(float, 1.0, "lossy only: β >= 1 - α of the residual norm(max{0, p/β - q})", 0),
-        "tune_beta": ParamSpec(
-            bool, False, "lossy only: β per prefix from Tran-Thien's condition (App. E.6)"
-        ),
-        "discrepancy": DISCREPANCY,
-        "k": ParamSpec(
-            int, 5, "block size γ, draft tokens per verification (paper: 5 for T5, 1 for Gemma)", 1, 64
-        ),
-    },
-    "speculative cascade (Narasimhan et al. 2025, Algorithm 4): SD against π = T(q, p) of a deferral rule",
-    neural_drafter_only=True,
-    check=_check_spec_cascade,
-)
-METHODS["token_cascade"] = MethodInfo(
-    True,
-    {
-        "rule": ParamSpec(
-            str, "chow", "δ(q): chow (max q < 1 - α) or chow_log (entropy > α)", choices=("chow", "chow_log")
-        ),
-        "alpha": CASCADE_ALPHA,
-        "max_small_tokens": ParamSpec(
-            int, 10, "most drafter tokens in a row before the large model's (0: no cap)", 0
-        ),
-    },
-    "sequential token-level cascade (Algorithm 2): the drafter's confidence defers single tokens",
-    neural_drafter_only=True,
-    check=_check_token_cascade,
-)
-METHODS["seq_cascade"] = MethodInfo(
-    True,
-    {"alpha": ParamSpec(float, 0.0, "defer the whole response when q(response) < 1 - α", 0, 1)},
-    "sequence-level cascade, Chow's rule (Eq. 1): the drafter's response, or the target's when unsure",
-    neural_drafter_only=True,
-)
-METHODS["oracle_cascade"] = MethodInfo(
-    True,
-    {
-        "rule": ParamSpec(str, "diff", "δ(q, p), default diff (Eq. 5)", choices=ORACLE_RULES),
-        "alpha": CASCADE_ALPHA,
-        "discrepancy": DISCREPANCY,
-    },
-    "oracle token cascade (Algorithm 3): both models at every token, δ(q, p) picks the one that speaks",
-    neural_drafter_only=True,
-    check=_check_oracle_cascade,
-)
-METHODS["bild"] = MethodInfo(
-    True,
-    {
-        "alpha": ParamSpec(float, 1.0, "rollback threshold on D(q, p) (paper: 0 to 10)", 0),
-        "fallback_alpha": ParamSpec(float, 0.5, "the drafter drafts while max q >= 1 - fallback_alpha", 0, 1),
-        "k": ParamSpec(int, 10, "maximum draft window (App. E.5: 10)", 1, 64),
-        "discrepancy": DISCREPANCY,
-    },
-    "original Big Little Decoder (Kim et al. 2023): fallback window, deterministic rollback",
-    neural_drafter_only=True,
-)
 
 
 # -- the schema --------------------------------------------------------------------------------
@@ -638,11 +234,11 @@ class Recipe(_Strict):
         return data
 
 
-def _defaults(info: MethodInfo) -> dict:
+def _defaults(info: Method) -> dict:
     return {name: spec.default for name, spec in info.params.items()}
 
 
-def _normalized(info: MethodInfo, params: dict) -> dict:
+def _normalized(info: Method, params: dict) -> dict:
     return {name: _as_declared(info.params[name], value) for name, value in params.items()}
 
 
@@ -816,9 +412,10 @@ def _check_method(recipe: Recipe, index: int, spec: MethodSpec, where: str) -> N
 def replay_problem(recipe: Recipe, spec: MethodSpec, params: dict | None = None) -> tuple[str, str] | None:
     """Why the target of ``spec``'s cells (or of its one cell with ``params``) cannot be replayed from
     its autoregressive output, as (problem, fix); None when it can (specbench.models.replay)."""
-    if spec.method.startswith("hf_"):
+    info = METHODS[spec.method]
+    if info.no_replay:
         return (
-            f"method {spec.method!r} cannot replay the target: HF generate calls the model itself",
+            f"method {spec.method!r} cannot replay the target: {info.no_replay}",
             "remove replay: (it works with speculative and cs_drafting)",
         )
     if spec.method == "autoregressive":
@@ -828,9 +425,6 @@ def replay_problem(recipe: Recipe, spec: MethodSpec, params: dict | None = None)
             f"replay needs greedy decoding, but generation.temperature is {recipe.generation.temperature}",
             "set generation.temperature: 0, or remove replay:",
         )
-    from specbench.methods import is_lossless  # imports torch: only recipes that replay pay for it
-
-    info = METHODS[spec.method]
     fixed = _defaults(info) | _normalized(info, spec.params)
     keys = sorted(spec.grid)
     points = (
@@ -842,7 +436,7 @@ def replay_problem(recipe: Recipe, spec: MethodSpec, params: dict | None = None)
         ]
     )
     for point in points:
-        if not is_lossless(spec.method, point):
+        if not info.lossless(point):
             given = ", ".join(
                 f"{name}={point[name]}" for name in sorted(spec.params.keys() | spec.grid.keys())
             )
@@ -858,7 +452,7 @@ def replay_problem(recipe: Recipe, spec: MethodSpec, params: dict | None = None)
     return None
 
 
-def _check_roles(recipe: Recipe, spec: MethodSpec, info: MethodInfo, where: str) -> None:
+def _check_roles(recipe: Recipe, spec: MethodSpec, info: Method, where: str) -> None:
     target_source = recipe.models[spec.target].source
     if target_source in STATISTICAL_SOURCES:
         raise SpecbenchError(
@@ -930,7 +524,7 @@ def _check_cascade_roles(recipe: Recipe, spec: MethodSpec, where: str) -> None:
         )
 
 
-def _check_params(spec: MethodSpec, info: MethodInfo, where: str, generation: GenerationSpec) -> None:
+def _check_params(spec: MethodSpec, info: Method, where: str, generation: GenerationSpec) -> None:
     for section in ("params", "grid"):
         for name in getattr(spec, section):
             if name not in info.params:

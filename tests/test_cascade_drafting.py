@@ -31,7 +31,7 @@ from specbench.decoding.cascade_drafting import (
 from specbench.decoding.sampling import SamplingParams
 from specbench.drafters.maxgram import MaxGramDrafter
 from specbench.errors import SpecbenchError
-from specbench.methods import METHOD_FUNCTIONS, Request
+from specbench.methods import METHODS, Request
 from specbench.models.hf import HFModel
 from specbench.recipe import parse_recipe
 
@@ -101,7 +101,7 @@ def run_cascade(weights, kind, seed, roles, K, *, max_new_tokens, convention="cu
         "reference_compat": False,
     } | options
     request = Request(prompt_for(seed), max_new_tokens, SamplingParams(), eos, torch.Generator())
-    return METHOD_FUNCTIONS["cs_drafting"](params, target, [*drafters, MaxGramDrafter("mag")], request)
+    return METHODS["cs_drafting"].run(params, target, [*drafters, MaxGramDrafter("mag")], request)
 
 
 def check_invariants(gen, *, kind, prompt, n_drafters, max_new_tokens) -> None:

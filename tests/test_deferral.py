@@ -22,7 +22,7 @@ from specbench.decoding.acceptance import cascade_accept, speculative_accept
 from specbench.decoding.deferral import RULES, output_law, target, tuned_beta, tv_distance
 from specbench.decoding.sampling import SamplingParams
 from specbench.decoding.spec_cascades import step_target
-from specbench.recipe import SPEC_CASCADE_RULES
+from specbench.methods import METHODS
 
 F64 = torch.float64
 
@@ -122,7 +122,7 @@ def expected_position(rule: str, q: list[float], p: list[float], params: dict):
 
 
 def test_rule_names_match_the_recipe_schema():
-    assert tuple(RULES) == SPEC_CASCADE_RULES
+    assert tuple(RULES) == METHODS["spec_cascade"].params["rule"].choices
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.05, 0.2, 0.45, 0.8])

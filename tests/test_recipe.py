@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from specbench.errors import SpecbenchError
-from specbench.recipe import METHODS, MethodInfo, ParamSpec, load_recipe, parse_recipe
+from specbench.methods import METHODS, Method, ParamSpec
+from specbench.recipe import load_recipe, parse_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = {"arithmetic", "gsm8k"}
@@ -142,7 +143,8 @@ def test_tasks_are_checked_only_when_known_tasks_are_given(tmp_path):
 
 
 def test_a_registered_method_is_accepted(tmp_path, monkeypatch):
-    monkeypatch.setitem(METHODS, "cascade", MethodInfo(True, {"depth": ParamSpec(int, 2, "levels", 1, 4)}))
+    params = {"depth": ParamSpec(int, 2, "levels", 1, 4)}
+    monkeypatch.setitem(METHODS, "cascade", Method("cascade", "", None, params, needs_drafter=True))
     method = {
         "name": "cs",
         "method": "cascade",

@@ -25,7 +25,7 @@ from specbench.decoding import sequential_cascades as seq
 from specbench.decoding.deferral import RULES
 from specbench.decoding.sampling import SamplingParams
 from specbench.errors import SpecbenchError
-from specbench.methods import METHOD_FUNCTIONS, is_lossless
+from specbench.methods import METHODS
 from specbench.models.base import ModelDrafter
 from specbench.models.hf import HFModel
 from specbench.recipe import load_recipe, parse_recipe
@@ -388,12 +388,13 @@ def test_sequential_baselines_match_a_plain_reading_of_the_paper(weights):
 
 
 def test_only_pi_equal_p_is_lossless():
-    assert is_lossless("spec_cascade", {"rule": "sd", "alpha": 0.3})
-    assert is_lossless("spec_cascade", {"rule": "lossy", "alpha": 0.0, "beta": 1.0, "tune_beta": False})
-    assert not is_lossless("spec_cascade", {"rule": "lossy", "alpha": 0.1, "beta": 1.0, "tune_beta": False})
-    assert not is_lossless("spec_cascade", {"rule": "token", "alpha": 0.0})
+    lossless = METHODS["spec_cascade"].lossless
+    assert lossless({"rule": "sd", "alpha": 0.3})
+    assert lossless({"rule": "lossy", "alpha": 0.0, "beta": 1.0, "tune_beta": False})
+    assert not lossless({"rule": "lossy", "alpha": 0.1, "beta": 1.0, "tune_beta": False})
+    assert not lossless({"rule": "token", "alpha": 0.0})
     for method in ("token_cascade", "seq_cascade", "oracle_cascade", "bild"):
-        assert method in METHOD_FUNCTIONS and not is_lossless(method, {})
+        assert method in METHODS and not METHODS[method].lossless({})
 
 
 BASE = {

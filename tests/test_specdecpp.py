@@ -27,7 +27,7 @@ from specbench.drafters import acceptance_head
 from specbench.drafters.acceptance_head import AcceptanceHead
 from specbench.efficiency import discard_verification_rates, time_per_token
 from specbench.errors import SpecbenchError
-from specbench.methods import METHOD_FUNCTIONS, Request, is_lossless
+from specbench.methods import METHODS, Request
 from specbench.models.base import ModelDrafter
 from specbench.models.hf import HFModel
 from specbench.recipe import load_recipe, parse_recipe
@@ -384,7 +384,7 @@ def test_oracle_drafts_exactly_the_agreement_lengths(tiny_model):
         assert out.forwards["drafter"]["forward_passes"] == sum(d for d, _ in out.steps)
         # and through the method table, with the reference ids the runner passes
         request = Request(prompt, 24, SamplingParams(), [], torch.Generator(), reference_ids=reference)
-        assert METHOD_FUNCTIONS["oracle_sd"]({}, target, draft_model, request).tokens == reference
+        assert METHODS["oracle_sd"].run({}, target, draft_model, request).tokens == reference
 
 
 # -- HF's adaptive baselines -------------------------------------------------------------------
@@ -400,7 +400,7 @@ def test_hf_assisted_adaptive_settings_run_and_stay_lossless(tiny_model, schedul
     expected = autoregressive.generate(target, prompt, max_new_tokens=16).tokens
     params = {"k": 3, "num_assistant_tokens_schedule": schedule, "assistant_confidence_threshold": threshold}
     request = Request(prompt, 16, SamplingParams(), [], torch.Generator())
-    out = METHOD_FUNCTIONS["hf_assisted"](params, target, assistant, request)
+    out = METHODS["hf_assisted"].run(params, target, assistant, request)
     assert out.tokens == expected
     config = assistant.model.generation_config
     assert config.num_assistant_tokens_schedule != schedule or schedule == "constant"  # restored
@@ -430,7 +430,8 @@ def test_specdecpp_recipes_parse():
         recipe = load_recipe(path)
         methods = {spec.method for spec in recipe.methods}
         assert {"specdecpp", "oracle_sd", "speculative", "autoregressive"} <= methods
-        assert all(is_lossless(c.method, c.params) for c in recipe.cells() if c.method != "autoregressive")
+        drafted = [c for c in recipe.cells() if c.method != "autoregressive"]
+        assert all(METHODS[c.method].lossless(c.params) for c in drafted)
         missing = {d.task for d in recipe.datasets} - set(TASKS)
         assert missing <= {"humaneval"} and (not missing or path.name == "llama2_chat_7b_70b.yaml")
 

@@ -6,6 +6,7 @@ import torch
 
 from specbench.decoding.generation import Generation, Stopwatch, eos_set
 from specbench.decoding.sampling import SamplingParams
+from specbench.methods import Method, Request
 from specbench.models.base import LanguageModel
 
 
@@ -38,3 +39,10 @@ def generate(
     walltime, ttft = watch.stop()
     steps = [(0, 0)] * len(tokens)
     return Generation(tokens, walltime, ttft, steps, {model.name: model.counter.snapshot()}, stopped)
+
+
+def _run(params: dict, target: LanguageModel, drafter: None, r: Request) -> Generation:
+    return generate(target, r.prompt_ids, **r.decoding())
+
+
+METHODS = (Method("autoregressive", "one target forward pass per token", _run, {}),)

@@ -60,6 +60,7 @@ import torch
 from specbench.decoding.acceptance import greedy_accept, speculative_accept
 from specbench.decoding.generation import Generation, Stopwatch, commit, eos_set, truncate_at_eos
 from specbench.decoding.sampling import SamplingParams
+from specbench.methods import Method, ParamSpec, Request, always
 from specbench.models.base import Drafter, LanguageModel
 
 
@@ -238,3 +239,111 @@ def _check(
         raise ValueError(f"mag_tokens must be >= 1 and mag_tail >= 0, got {mag_tokens}, {mag_tail}")
     if reference_compat and not sampling.greedy:
         raise ValueError("reference_compat reproduces the reference code, which decodes greedily only")
+
+
+def _check_K(params: dict, spec, generation) -> tuple[str, str, str] | None:
+    """reference_compat decodes greedily only; K is n x n for the n neural drafters, upper-triangular,
+    budgets >= 1 on the diagonal, and cumulative rows never decrease (so increments past the diagonal
+    are >= 0)."""
+    if params["reference_compat"] and generation.temperature > 0:
+        return (
+            "reference_compat",
+            "reference_compat reproduces the reference code, which decodes greedily only",
+            "set generation.temperature: 0, or reference_compat: false",
+        )
+    K, cumulative = params["K"], params["k_convention"] == "cumulative"
+    n = len(spec.drafters) - 1
+    example = [[0] * r + [2 * (c - r + 1) if cumulative else 2 for c in range(r, n)] for r in range(n)]
+    shape = f"write {n} rows of {n} integers, one row and column per neural drafter, e.g. {example}"
+    if K is None:
+        return "K", "cs_drafting needs K, the budget matrix of its cascade", shape
+    if not all(isinstance(row, list) and all(type(x) is int for x in row) for row in K):
+        return "K", f"K = {K} is not a list of rows of integers", shape
+    if len(K) != n or any(len(row) != n for row in K):
+        neural = ", ".join(spec.drafters[:-1])
+        return "K", f"K = {K} is not {n} x {n}, for {n} neural drafters ({neural})", shape
+    for r, row in enumerate(K):
+        for c, value in enumerate(row):
+            at = f"K[{r}][{c}] = {value} (k{r + 1}{c + 1})"
+            if c < r and value != 0:
+                return "K", f"{at} lies below the diagonal of K = {K}", "K is upper-triangular: write 0 there"
+            least = 1 if cumulative or c == r else 0
+            if c >= r and value < least:
+                fix = (
+                    "use budgets >= 1"
+                    if cumulative
+                    else "use >= 1 on the diagonal and increments >= 0 after it"
+                )
+                return "K", f"{at} is below {least} in K = {K}", fix
+            if cumulative and c > r and value < row[c - 1]:
+                return (
+                    "K",
+                    f"{at} < K[{r}][{c - 1}] = {row[c - 1]}: row {r} of the cumulative K = {K} decreases",
+                    "make each row non-decreasing, or set k_convention: increment if the rows are increments",
+                )
+    return None
+
+
+def _run(params: dict, target: LanguageModel, drafters: list, r: Request) -> Generation:
+    *neural, mag = drafters
+    K = params["K"]
+    if params["k_convention"] == "increment":
+        K = cumulative_from_increments(K)
+    return generate(
+        target,
+        neural,
+        mag,
+        r.prompt_ids,
+        K=K,
+        lenience=params["lenience"],
+        mag_tokens=params["mag_tokens"],
+        mag_tail=params["mag_tail"],
+        mag_lenience=params["mag_lenience"],
+        reference_compat=params["reference_compat"],
+        **r.decoding(),
+    )
+
+
+METHODS = (
+    Method(
+        "cs_drafting",
+        "CS Drafting (Chen et al. 2024): vertical and horizontal cascades over drafters, greedy or sampled",
+        _run,
+        {
+            "K": ParamSpec(
+                list,
+                None,
+                "budget matrix, one row and column per neural drafter, e.g. [[2, 4], [0, 3]]",
+            ),
+            "k_convention": ParamSpec(
+                str,
+                "cumulative",
+                "cumulative: the paper's K; increment: the reference code's (k12 = K[0][0] + K[0][1])",
+                choices=("cumulative", "increment"),
+            ),
+            "lenience": ParamSpec(
+                float, 1.0, "lenience l of the drafters' reviews (the target's is strict)", 1
+            ),
+            "mag_tokens": ParamSpec(int, 10, "tokens the statistical drafter proposes per call", 1, 64),
+            "mag_tail": ParamSpec(
+                int,
+                10,
+                "Max-Gram tokens ending every level's draft (the reference's Max-Gram K column); 0: off",
+                0,
+                64,
+            ),
+            "mag_lenience": ParamSpec(
+                bool, True, "false: the smallest drafter reviews Max-Gram strictly (paper, Appendix B)"
+            ),
+            "reference_compat": ParamSpec(
+                bool,
+                False,
+                "test lenient reviews against the rows the reference code passes (for comparison)",
+            ),
+        },
+        drafter_list=True,
+        check=_check_K,
+        # the lenience loosens only the drafters' reviews; the target's stays strict
+        lossless=always,
+    ),
+)

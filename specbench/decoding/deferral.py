@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specbench.methods import ParamSpec, given_params
+
 
 def tv_distance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """D_TV(p, q) = Σ_v max{0, p(v) − q(v)} per row (Lemma 5): the rejection rate of π = p."""
@@ -231,3 +233,46 @@ def output_law(q: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
     total = residual.sum(-1, keepdim=True)
     residual = torch.where(total > 0, residual / total.clamp(min=torch.finfo(pi.dtype).tiny), 0.0)
     return kept + (1 - kept.sum(-1, keepdim=True)) * residual
+
+
+# -- recipe parameters the cascade methods share ----------------------------------------------------
+
+ORACLE_RULES = ("bild", "chow", "diff", "opt", "chow_log", "diff_log", "opt_log")  # the δ(q, p) rules
+CASCADE_ALPHA = ParamSpec(
+    float, 0.0, "cost α of deferring to the large model; higher: fewer deferrals (swept for the curves)", 0
+)
+DISCREPANCY = ParamSpec(
+    str,
+    "auto",
+    "BiLD's D(q, p): greedy -log p(argmax q), sampling -Σ q log p; auto: greedy at temperature 0",
+    choices=("auto", "greedy", "sampling"),
+)
+
+
+def check_rule_params(
+    params: dict, spec, allowed: tuple[str, ...], rules: tuple[str, ...]
+) -> tuple[str, str, str] | None:
+    """The rule is given, takes every rule parameter the recipe sets, and α is in its range."""
+    rule = params["rule"]
+    if rule is None:
+        return (
+            "rule",
+            f"{spec.method} needs rule:, its deferral rule",
+            f"add rule: with one of {', '.join(rules)}",
+        )
+    takes = RULES[rule].params
+    for name in sorted(given_params(spec) & set(allowed) - set(takes)):
+        fix = f"remove {name} (rule {rule} takes {', '.join(takes) or 'no parameter'})"
+        if "rule" in spec.grid:
+            fix += ", or give rules with different parameters their own method entry"
+        return name, f"rule {rule!r} takes no parameter {name!r}", fix
+    alpha, alpha_max = params.get("alpha", 0.0), RULES[rule].alpha_max
+    if rule == "lossy" and alpha >= 1:
+        return "alpha", f"lossy SD needs α < 1 (it divides by 1 - α), got {alpha}", "use 0 <= alpha < 1"
+    if alpha_max is not None and alpha > alpha_max:
+        return (
+            "alpha",
+            f"rule {rule!r} thresholds a probability, so α = {alpha} > 1 never defers",
+            "use alpha <= 1",
+        )
+    return None

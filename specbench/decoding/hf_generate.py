@@ -27,6 +27,7 @@ up in the decoder's tokens only.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from contextlib import ExitStack, contextmanager
 
@@ -35,6 +36,7 @@ from transformers.utils import logging as hf_logging
 
 from specbench.decoding.generation import Generation, Stopwatch, eos_set, truncate_at_eos
 from specbench.decoding.sampling import SamplingParams
+from specbench.methods import DRAFT_LENGTH, Method, ParamSpec, Request, always
 from specbench.models.hf import HFModel
 
 # A checkpoint's generation_config may turn on logits processors our loops never apply; None and
@@ -258,3 +260,58 @@ def _quiet():
             yield
     finally:
         hf_logging.set_verbosity(verbosity)
+
+
+def _run(params: dict, target: HFModel, drafter, r: Request, *, prompt_lookup: bool = False) -> Generation:
+    return generate(
+        target,
+        r.prompt_ids,
+        assistant=drafter,
+        k=params["k"],
+        prompt_lookup=prompt_lookup,
+        max_ngram=params.get("max_ngram", 2),
+        schedule=params.get("num_assistant_tokens_schedule", "constant"),
+        confidence_threshold=params.get("assistant_confidence_threshold", 0.0),
+        **r.decoding(),
+    )
+
+
+_CALLS_ITSELF = "HF generate calls the model itself"
+
+METHODS = (
+    Method(
+        "hf_assisted",
+        "transformers generate(assistant_model=...): k drafts, or HF's adaptive schedule / confidence stop",
+        _run,
+        {
+            "k": DRAFT_LENGTH,
+            "num_assistant_tokens_schedule": ParamSpec(
+                str,
+                "constant",
+                "constant: k drafts every step; heuristic(_transient): k + 2 after a full accept, else k - 1",
+                choices=("constant", "heuristic", "heuristic_transient"),
+                added_later=True,
+            ),
+            "assistant_confidence_threshold": ParamSpec(
+                float,
+                0.0,
+                "stop drafting when the assistant's top probability is below it; 0 = off",
+                0,
+                1,
+                added_later=True,
+            ),
+        },
+        needs_drafter=True,
+        neural_drafter_only=True,
+        lossless=always,
+        no_replay=_CALLS_ITSELF,
+    ),
+    Method(
+        "hf_prompt_lookup",
+        "transformers generate(prompt_lookup_num_tokens=k)",
+        functools.partial(_run, prompt_lookup=True),
+        {"k": DRAFT_LENGTH, "max_ngram": ParamSpec(int, 2, "longest n-gram prompt lookup matches", 1)},
+        lossless=always,
+        no_replay=_CALLS_ITSELF,
+    ),
+)

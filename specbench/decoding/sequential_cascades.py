@@ -25,10 +25,21 @@ import math
 import torch
 
 from specbench.decoding.acceptance import Verdict
-from specbench.decoding.deferral import RULES, decision, discrepancy, resolve_discrepancy, tv_distance
+from specbench.decoding.deferral import (
+    CASCADE_ALPHA,
+    DISCREPANCY,
+    ORACLE_RULES,
+    RULES,
+    check_rule_params,
+    decision,
+    discrepancy,
+    resolve_discrepancy,
+    tv_distance,
+)
 from specbench.decoding.generation import Generation, Stopwatch, commit, eos_set, truncate_at_eos
 from specbench.decoding.sampling import SamplingParams
 from specbench.decoding.spec_cascades import one_hot
+from specbench.methods import Method, ParamSpec, Request
 from specbench.models.base import LanguageModel
 
 
@@ -239,3 +250,102 @@ def bild(
         generated += n + 1
         watch.mark_first_token()
     return _finish(watch, (large, small), tokens, steps, stopped, len(steps))
+
+
+def _run_token_cascade(params: dict, target: LanguageModel, drafter: LanguageModel, r: Request) -> Generation:
+    return token_cascade(
+        target,
+        drafter,
+        r.prompt_ids,
+        rule=params["rule"],
+        alpha=params["alpha"],
+        max_small_tokens=params["max_small_tokens"],
+        **r.decoding(),
+    )
+
+
+def _run_seq_cascade(params: dict, target: LanguageModel, drafter: LanguageModel, r: Request) -> Generation:
+    return seq_cascade(target, drafter, r.prompt_ids, alpha=params["alpha"], **r.decoding())
+
+
+def _run_oracle_cascade(
+    params: dict, target: LanguageModel, drafter: LanguageModel, r: Request
+) -> Generation:
+    return oracle_cascade(target, drafter, r.prompt_ids, rule=params["rule"], params=params, **r.decoding())
+
+
+def _run_bild(params: dict, target: LanguageModel, drafter: LanguageModel, r: Request) -> Generation:
+    return bild(
+        target,
+        drafter,
+        r.prompt_ids,
+        alpha=params["alpha"],
+        fallback_alpha=params["fallback_alpha"],
+        k=params["k"],
+        discrepancy_metric=params["discrepancy"],
+        **r.decoding(),
+    )
+
+
+METHODS = (
+    Method(
+        "token_cascade",
+        "sequential token-level cascade (Algorithm 2): the drafter's confidence defers single tokens",
+        _run_token_cascade,
+        {
+            "rule": ParamSpec(
+                str,
+                "chow",
+                "δ(q): chow (max q < 1 - α) or chow_log (entropy > α)",
+                choices=("chow", "chow_log"),
+            ),
+            "alpha": CASCADE_ALPHA,
+            "max_small_tokens": ParamSpec(
+                int, 10, "most drafter tokens in a row before the large model's (0: no cap)", 0
+            ),
+        },
+        needs_drafter=True,
+        neural_drafter_only=True,
+        check=lambda params, spec, generation: check_rule_params(
+            params, spec, ("alpha",), ("chow", "chow_log")
+        ),
+    ),
+    Method(
+        "seq_cascade",
+        "sequence-level cascade, Chow's rule (Eq. 1): the drafter's response, or the target's when unsure",
+        _run_seq_cascade,
+        {"alpha": ParamSpec(float, 0.0, "defer the whole response when q(response) < 1 - α", 0, 1)},
+        needs_drafter=True,
+        neural_drafter_only=True,
+    ),
+    Method(
+        "oracle_cascade",
+        "oracle token cascade (Algorithm 3): both models at every token, δ(q, p) picks the one that speaks",
+        _run_oracle_cascade,
+        {
+            "rule": ParamSpec(str, "diff", "δ(q, p), default diff (Eq. 5)", choices=ORACLE_RULES),
+            "alpha": CASCADE_ALPHA,
+            "discrepancy": DISCREPANCY,
+        },
+        needs_drafter=True,
+        neural_drafter_only=True,
+        check=lambda params, spec, generation: check_rule_params(
+            params, spec, ("alpha", "discrepancy"), ORACLE_RULES
+        ),
+    ),
+    Method(
+        "bild",
+        "original Big Little Decoder (Kim et al. 2023): fallback window, deterministic rollback",
+        _run_bild,
+        {
+            "alpha": ParamSpec(float, 1.0, "rollback threshold on D(q, p) (paper: 0 to 10)", 0),
+            "fallback_alpha": ParamSpec(
+                float, 0.5, "the drafter drafts while max q >= 1 - fallback_alpha", 0, 1
+            ),
+            "k": ParamSpec(int, 10, "maximum draft window (App. E.5: 10)", 1, 64),
+            "discrepancy": DISCREPANCY,
+        },
+        needs_drafter=True,
+        neural_drafter_only=True,
+    ),
+)

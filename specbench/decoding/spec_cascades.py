@@ -28,9 +28,18 @@ import torch
 
 from specbench.decoding import speculative
 from specbench.decoding.acceptance import AcceptanceRule, Verdict, cascade_accept
-from specbench.decoding.deferral import RULES, output_law, resolve_discrepancy, target
+from specbench.decoding.deferral import (
+    CASCADE_ALPHA,
+    DISCREPANCY,
+    RULES,
+    check_rule_params,
+    output_law,
+    resolve_discrepancy,
+    target,
+)
 from specbench.decoding.generation import Generation
 from specbench.decoding.sampling import SamplingParams
+from specbench.methods import Method, ParamSpec, Request, given_params
 from specbench.models.base import Draft, LanguageModel, ModelDrafter
 
 
@@ -117,3 +126,72 @@ def generate(
         rule=verify,
     )
     return dataclasses.replace(out, deferrals=sum(n < d for d, n in out.steps))
+
+
+def _check(params: dict, spec, generation) -> tuple[str, str, str] | None:
+    problem = check_rule_params(params, spec, ("alpha", "beta", "tune_beta", "discrepancy"), tuple(RULES))
+    if problem or params["rule"] != "lossy":
+        return problem
+    if params["tune_beta"] and "beta" in given_params(spec):
+        return (
+            "beta",
+            "beta is given, but tune_beta: true chooses β itself",
+            "remove beta, or set tune_beta: false",
+        )
+    if not params["tune_beta"] and params["beta"] < 1 - params["alpha"]:
+        return (
+            "beta",
+            f"lossy SD needs β >= 1 - α (Sec. 2), got β = {params['beta']} with α = {params['alpha']}",
+            f"use beta >= {1 - params['alpha']:g}, or tune_beta: true",
+        )
+    return None
+
+
+def _lossless(params: dict) -> bool:
+    """π = p exactly: the sd rule, or lossy SD with α = 0 and β = 1."""
+    lossy_as_sd = params.get("alpha") == 0 and params.get("beta") == 1 and not params.get("tune_beta")
+    return params.get("rule") == "sd" or (params.get("rule") == "lossy" and lossy_as_sd)
+
+
+def _run(params: dict, target: LanguageModel, drafter, r: Request) -> Generation:
+    return generate(
+        target,
+        ModelDrafter(drafter),
+        r.prompt_ids,
+        rule=params["rule"],
+        params=params,
+        k=params["k"],
+        **r.decoding(),
+    )
+
+
+METHODS = (
+    Method(
+        "spec_cascade",
+        "speculative cascade (Narasimhan et al. 2025, Algorithm 4): "
+        "SD against π = T(q, p) of a deferral rule",
+        _run,
+        {
+            "rule": ParamSpec(
+                str,
+                None,
+                "deferral rule: sd, lossy, bild (BiLD*), chow, diff, opt, chow_log, diff_log, opt_log, "
+                "token_v1, token_v2, token (the paper's Token, Eq. 15)",
+                choices=tuple(RULES),
+            ),
+            "alpha": CASCADE_ALPHA,
+            "beta": ParamSpec(float, 1.0, "lossy only: β >= 1 - α of the residual norm(max{0, p/β - q})", 0),
+            "tune_beta": ParamSpec(
+                bool, False, "lossy only: β per prefix from Tran-Thien's condition (App. E.6)"
+            ),
+            "discrepancy": DISCREPANCY,
+            "k": ParamSpec(
+                int, 5, "block size γ, draft tokens per verification (paper: 5 for T5, 1 for Gemma)", 1, 64
+            ),
+        },
+        needs_drafter=True,
+        neural_drafter_only=True,
+        check=_check,
+        lossless=_lossless,
+    ),
+)

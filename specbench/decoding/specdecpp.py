@@ -28,8 +28,11 @@ from __future__ import annotations
 
 import torch
 
+from specbench.decoding import speculative
+from specbench.decoding.generation import Generation
 from specbench.decoding.sampling import SamplingParams
-from specbench.drafters.acceptance_head import AcceptanceHead
+from specbench.drafters.acceptance_head import AcceptanceHead, check_reference, load_head
+from specbench.methods import Method, ParamSpec, Request, always
 from specbench.models.base import Draft, ModelDrafter
 from specbench.models.hf import HFModel
 
@@ -163,3 +166,88 @@ def agreement_lengths(model: HFModel, prompt_ids: torch.Tensor, reference: list[
     for t in range(m - 1, -1, -1):
         lengths[t] = lengths[t + 1] + 1 if agree[t] else 0
     return lengths[:m]
+
+
+def _check_specdecpp(params: dict, spec, generation) -> tuple[str, str, str] | None:
+    if params["head"] is None:
+        return (
+            "head",
+            "specdecpp needs head:, its trained acceptance prediction head",
+            "train one with `specbench specdecpp train --target T --drafter D` and set the head: it prints",
+        )
+    if params["min_length"] > params["max_length"]:
+        return (
+            "min_length",
+            f"min_length {params['min_length']} exceeds max_length {params['max_length']}",
+            "use min_length <= max_length (the paper's bounds are 2 and 20)",
+        )
+    return None
+
+
+def _check_oracle(params: dict, spec, generation) -> tuple[str, str, str] | None:
+    if generation.temperature > 0:
+        return (
+            "method",
+            f"oracle_sd is Lemma 2.1's greedy oracle, but generation.temperature is {generation.temperature}",
+            "set generation.temperature: 0, or drop the oracle from this recipe",
+        )
+    return None
+
+
+def _run_specdecpp(params: dict, target, drafter: HFModel, r: Request) -> Generation:
+    """The SD loop with k = max_length and a head-stopped drafter."""
+    head = load_head(params["head"], drafter.device)
+    adaptive = SpecDecPPDrafter(
+        drafter,
+        head,
+        threshold=params["threshold"],
+        min_length=params["min_length"],
+        eos_token_id=r.eos_token_id,
+    )
+    try:
+        return speculative.generate(target, adaptive, r.prompt_ids, k=params["max_length"], **r.decoding())
+    finally:
+        drafter.keep_hidden = False  # other cells share this drafter: back to the fast path
+
+
+def _run_oracle(params: dict, target, drafter: HFModel, r: Request) -> Generation:
+    """Draft lengths from the target's own AR output (Request.reference_ids)."""
+    oracle = OracleDrafter(drafter, r.prompt_ids, r.reference_ids or [])
+    return speculative.generate(target, oracle, r.prompt_ids, k=r.max_new_tokens, **r.decoding())
+
+
+METHODS = (
+    Method(
+        "specdecpp",
+        "SpecDec++ (Huang et al. 2024): adaptive candidate length from a trained acceptance head",
+        _run_specdecpp,
+        {
+            "head": ParamSpec(
+                str,
+                None,
+                "acceptance head: specdecpp:<target>/<drafter>[/<name>] or a folder",
+                validator=check_reference,
+            ),
+            "threshold": ParamSpec(
+                float, 0.3, "stop when the predicted P(some candidate rejected) exceeds h", 0, 1
+            ),
+            "min_length": ParamSpec(int, 2, "fewest candidates per round (inclusive)", 1, 64),
+            "max_length": ParamSpec(int, 20, "most candidates per round (inclusive)", 1, 64),
+        },
+        needs_drafter=True,
+        neural_drafter_only=True,
+        check=_check_specdecpp,
+        lossless=always,
+    ),
+    Method(
+        "oracle_sd",
+        "Lemma 2.1 of SpecDec++: greedy SD that stops each round right before the draft's first disagreement",
+        _run_oracle,
+        {},
+        needs_drafter=True,
+        neural_drafter_only=True,
+        needs_reference=True,
+        check=_check_oracle,
+        lossless=always,
+    ),
+)

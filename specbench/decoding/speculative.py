@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from specbench.decoding.acceptance import AcceptanceRule, exact_rule
+from specbench.decoding.acceptance import AcceptanceRule, exact_rule, lenience_factor
 from specbench.decoding.generation import Generation, Stopwatch, commit, eos_set, truncate_at_eos
 from specbench.decoding.sampling import SamplingParams
-from specbench.models.base import Drafter, LanguageModel
+from specbench.methods import DRAFT_LENGTH, Method, ParamSpec, Request
+from specbench.models.base import Drafter, LanguageModel, ModelDrafter
+from specbench.models.hf import HFModel
 
 
 def generate(
@@ -70,3 +72,50 @@ def generate(
     walltime, ttft = watch.stop()
     forwards = {target.name: target.counter.snapshot(), drafter.name: drafter.counter.snapshot()}
     return Generation(tokens, walltime, ttft, steps, forwards, stopped)
+
+
+def _check_lenience(params: dict, spec, generation) -> tuple[str, str, str] | None:
+    lenience, convention = params["lenience"], params["lenience_convention"]
+    if convention == "cs" and lenience < 1:
+        return (
+            "lenience",
+            f"lenience {lenience} is below 1, which the cs convention does not allow",
+            "use lenience >= 1, or lenience_convention: leviathan for lenience in (0, 1]",
+        )
+    if convention == "leviathan" and lenience > 1:
+        return (
+            "lenience",
+            f"lenience {lenience} is above 1, which the leviathan convention does not allow",
+            "use lenience in (0, 1], or lenience_convention: cs for lenience >= 1",
+        )
+    return None
+
+
+def _positive(value: float) -> str | None:
+    return None if value > 0 else "use a value > 0"
+
+
+def _run(params: dict, target: LanguageModel, drafter, r: Request) -> Generation:
+    if isinstance(drafter, HFModel):
+        drafter = ModelDrafter(drafter)
+    lenience = lenience_factor(params.get("lenience", 1.0), params.get("lenience_convention", "cs"))
+    return generate(target, drafter, r.prompt_ids, k=params["k"], lenience=lenience, **r.decoding())
+
+
+METHODS = (
+    Method(
+        "speculative",
+        "speculative decoding (Leviathan et al. 2023), greedy or sampled",
+        _run,
+        {
+            "k": DRAFT_LENGTH,
+            "lenience": ParamSpec(float, 1.0, "loosens the review; 1 = lossless", validator=_positive),
+            "lenience_convention": ParamSpec(
+                str, "cs", "cs: lenience >= 1; leviathan: lenience in (0, 1]", choices=("cs", "leviathan")
+            ),
+        },
+        needs_drafter=True,
+        check=_check_lenience,
+        lossless=lambda params: params.get("lenience", 1.0) == 1.0,
+    ),
+)

@@ -91,13 +91,14 @@ def save_head(head: AcceptanceHead, manifest: dict, out: Path) -> Path:
 
 
 def check_reference(value: str) -> str | None:
-    """Recipe-time check of a ``head:`` value's shape: None, or the fix."""
+    """Recipe-time check of a ``head:`` value's shape (the head itself is looked up when the cell runs,
+    by :func:`resolve`): None, or the fix."""
     if value.startswith(PREFIX):
         parts = value.removeprefix(PREFIX).split("/")
         if len(parts) in (2, 3) and all(parts):
             return None
-        return "write head: specdecpp:<target>/<drafter>[/<name>] (as `specbench specdecpp train` prints)"
-    return None if value else "name a head: specdecpp:<target>/<drafter>[/<name>] or a folder path"
+        return "write specdecpp:<target>/<drafter>[/<name>], as `specbench specdecpp train` prints it"
+    return None if value.strip() else "name a head: specdecpp:<target>/<drafter>[/<name>] or a folder"
 
 
 def resolve(value: str) -> Path:

@@ -10,7 +10,7 @@ the forward pass and the tokens a live :class:`~specbench.models.hf.HFModel` wou
 Counts, steps, output and so SWI equal a live run's; walltime does not (the target never runs).
 
 Only a strict review is exact: a lenient one reads p beyond its argmax, and replayed (one-hot p) it
-would silently act strict, so recipes allow ``replay`` only where ``is_lossless`` holds.
+would silently act strict, so recipes allow ``replay`` only where the method declares its cell ``lossless``.
 
 Past the end of y: when the AR output stopped at max_new_tokens, a lossless method never scores
 there (each draft leaves room for the target's own token), so a request for it means the method was

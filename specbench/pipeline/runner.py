@@ -36,14 +36,14 @@ from specbench import __version__
 from specbench.decoding.generation import Generation
 from specbench.decoding.sampling import SamplingParams
 from specbench.errors import SpecbenchError
-from specbench.methods import METHOD_FUNCTIONS, Request, is_lossless
+from specbench.methods import METHODS, Request
 from specbench.models import registry
 from specbench.models.hf import HFModel
 from specbench.models.replay import ReplayError, ReplayTarget
 from specbench.pipeline.costs import pw_cost
 from specbench.pipeline.results import ENVIRONMENT, EXAMPLES, RESOLVED_RECIPE, ExampleLog, write_atomic
 from specbench.pipeline.summary import write_cells_csv
-from specbench.recipe import METHODS, Cell, Recipe
+from specbench.recipe import Cell, Recipe
 from specbench.tasks import Example, get_task, render_prompt
 
 
@@ -235,7 +235,7 @@ class Runner:
     def _generate(self, dataset, cell: Cell, target, drafter, example: Example, check: bool):
         """(request, generation, the ReplayTarget or None): one example, live or replayed; ``check``
         also runs a replayed one live and stops at the first difference."""
-        method = METHOD_FUNCTIONS[cell.method]
+        method = METHODS[cell.method].run
         request = self._request(target, dataset, example)
         if METHODS[cell.method].needs_reference:
             reference = self._reference(dataset, cell, example)
@@ -304,7 +304,7 @@ class Runner:
         if (
             self.recipe.lossless_check
             and self.recipe.generation.temperature == 0
-            and is_lossless(cell.method, cell.params)
+            and METHODS[cell.method].lossless(cell.params)
         ):
             lossless = self._divergence(dataset, cell, example, generation.tokens)
         row = {
