@@ -115,7 +115,8 @@ class ModelSpec(_Strict):
     dtype: Literal["float32", "float64", "bfloat16", "float16", "auto"] = "auto"
     device: str = "auto"
     revision: str | None = None
-    options: dict[str, Any] = Field(default_factory=dict)  # passed to the loader as is
+    # passed to the loader; specbench.models.registry.SOURCE_OPTIONS lists what each source takes
+    options: dict[str, Any] = Field(default_factory=dict)
     cost: CostSpec | None = None
 
     @field_validator("device")
@@ -353,6 +354,8 @@ def parse_recipe(data: dict, path: str | Path, known_tasks: Collection[str] | No
     except ValidationError as error:
         raise _from_validation_error(path, error) from None
     recipe._path = path
+    for name, model in recipe.models.items():
+        _check_options(path, name, model)
     for index, spec in enumerate(recipe.methods):
         _check_method(recipe, index, spec, f"{path}: methods[{index}]")
     if known_tasks is not None:
@@ -375,6 +378,16 @@ def _yaml_error(path: Path, error: yaml.YAMLError) -> SpecbenchError:
 
 
 # -- checks that need the whole recipe ---------------------------------------------------------
+
+
+def _check_options(path: Path, name: str, model: ModelSpec) -> None:
+    """Every option reaches the model's loader, so one it does not take is an error, never dropped."""
+    from specbench.models.registry import option_problem  # torch: paid when a recipe is checked
+
+    problem = option_problem(model.source, model.options)
+    if problem:
+        option, text, fix = problem
+        raise SpecbenchError(f"{path}: models.{name}.options.{option}", text, fix)
 
 
 def _check_method(recipe: Recipe, index: int, spec: MethodSpec, where: str) -> None:

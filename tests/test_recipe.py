@@ -307,6 +307,36 @@ BAD = {
     ),
     "unknown task": (changed(datasets__0__task="squad"), "datasets[0].task", "unknown task 'squad'"),
     "path is not a recipe key": (changed(path="elsewhere.yaml"), "path", "unknown key 'path'"),
+    "option a hub model's loader does not take": (
+        changed(models__big={"source": "org/model", "options": {"trust_remote_code": True}}),
+        "models.big.options.trust_remote_code",
+        "takes no option 'trust_remote_code'",
+    ),
+    "option on a local directory": (
+        changed(models__local={"source": "./weights", "options": {"revison": "main"}}),
+        "models.local.options.revison",
+        "takes no option 'revison'",
+    ),
+    "option on a gguf file": (
+        changed(models__q={"source": "m.gguf", "options": {"device_map": "auto"}}),
+        "models.q.options.device_map",
+        "takes no option 'device_map'",
+    ),
+    "misspelt tiny-model option": (
+        changed(models__draft__options={"layer": 1}),
+        "models.draft.options.layer",
+        "takes no option 'layer'",
+    ),
+    "unknown smollm2 origin": (
+        changed(models__s={"source": "smollm2-135m-instruct", "options": {"prefer": "cloud"}}),
+        "models.s.options.prefer",
+        "not a SmolLM2 origin",
+    ),
+    "statistical drafter option": (
+        changed(models__lookup__options={"max_gram": 3}),
+        "models.lookup.options.max_gram",
+        "takes no option 'max_gram'",
+    ),
 }
 
 

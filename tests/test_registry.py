@@ -153,3 +153,10 @@ def test_smollm2_offline_loads_and_generates():
 def test_unknown_tiny_option_is_one_line():
     with pytest.raises(SpecbenchError, match=r"models.m.options: unknown tiny-model options: wdith"):
         registry.load(request("tiny-llama", options={"wdith": 3}))
+
+
+@pytest.mark.parametrize("source", ["org/model", "missing.gguf", "smollm2-135m-instruct"])
+def test_an_option_the_loader_does_not_take_stops_before_loading(source):
+    with pytest.raises(SpecbenchError, match=r"^models.m.options.colour: .*takes no option 'colour'") as error:
+        registry.load(request(source, options={"colour": 1}))
+    assert "\n" not in str(error.value)

@@ -54,6 +54,47 @@ DTYPES = {
 }
 
 
+# The options each kind of source passes to its loader (recipe ``options:``); any other is an error,
+# never silently dropped.
+SOURCE_OPTIONS = {
+    "statistical": ("max_ngram", "max_copy", "bigram"),
+    "tiny": ("seed", "vocab_size", "hidden_size", "layers", "heads", "init_std"),
+    "smollm2": ("prefer",),
+    "early-exit": ("of", "layers", "exit_head"),
+    "pretrained": (),  # distilled drafters, .gguf files, local directories and hub ids
+}
+SMOLLM2_PREFER = ("auto", "hub", "gguf")
+
+
+def source_kind(source: str) -> str:
+    """Which loader a ``source:`` string reaches: a key of :data:`SOURCE_OPTIONS`."""
+    if source in STATISTICAL_SOURCES:
+        return "statistical"
+    if source in TINY_SOURCES:
+        return "tiny"
+    if source == SMOLLM2_ALIAS:
+        return "smollm2"
+    if source == EARLY_EXIT:
+        return "early-exit"
+    return "pretrained"
+
+
+def option_problem(source: str, options: dict) -> tuple[str, str, str] | None:
+    """(option, problem, fix) for the first option ``source``'s loader does not take; None if all fit."""
+    takes = SOURCE_OPTIONS[source_kind(source)]
+    for name in sorted(options):
+        if name not in takes:
+            fix = f"use {', '.join(takes)}" if takes else "remove options: (this source takes none yet)"
+            return name, f"source {source!r} takes no option {name!r}", fix
+    if source == SMOLLM2_ALIAS and options.get("prefer", "auto") not in SMOLLM2_PREFER:
+        return (
+            "prefer",
+            f"prefer {options['prefer']!r} is not a SmolLM2 origin",
+            f"use {', '.join(SMOLLM2_PREFER)}",
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class ModelRequest:
     name: str  # the recipe's name for this model (used in counters and results)
@@ -109,6 +150,11 @@ def load(request: ModelRequest, resolve=None):
         return _load_statistical(request)
     if source == EARLY_EXIT:
         return _load_early_exit(request, resolve)
+    if source_kind(source) in ("smollm2", "pretrained"):  # the other loaders check their own options
+        problem = option_problem(source, opts)
+        if problem:
+            option, text, fix = problem
+            raise SpecbenchError(f"models.{request.name}.options.{option}", text, fix)
     device = resolve_device(request.device)
     dtype = resolve_dtype(request.dtype, device)
     with _quiet_transformers():
