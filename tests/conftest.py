@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 
@@ -57,6 +58,31 @@ def tiny_model():
     """Cached builder ``(kind, seed, vocab_size=16, **options) -> nn.Module``; treat the result as
     read-only (it is shared), ``copy.deepcopy`` it before changing weights."""
     return functools.cache(_tiny_model)
+
+
+def model_roles(tiny_model, vocab_size: int, noise: float, same: tuple[str, ...] = ("target",)):
+    """``get(kind, seed, role)``: the target's own weights for a role in ``same``, an unrelated model for
+    "other", and for "noisy" a copy of the target with Gaussian noise of ``noise`` times each weight
+    tensor's std (built once: partial agreement with the target)."""
+    noisy = {}
+
+    def get(kind: str, seed: int, role: str = "target") -> torch.nn.Module:
+        if role in same:
+            return tiny_model(kind, seed, vocab_size=vocab_size)
+        if role == "other":
+            return tiny_model(kind, 100 + seed, vocab_size=vocab_size)
+        if (kind, seed) not in noisy:
+            model = noisy[kind, seed] = copy.deepcopy(tiny_model(kind, seed, vocab_size=vocab_size))
+            gen = torch.Generator().manual_seed(20_000 + seed)
+            with torch.no_grad():
+                for param in model.parameters():
+                    if param.numel() > 1:
+                        param.add_(
+                            noise * param.std() * torch.randn(param.shape, generator=gen, dtype=param.dtype)
+                        )
+        return noisy[kind, seed]
+
+    return get
 
 
 @pytest.fixture

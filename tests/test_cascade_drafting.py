@@ -8,7 +8,6 @@ partial acceptance), an unrelated seed ("other": mostly rejected); Max-Gram is a
 
 from __future__ import annotations
 
-import copy
 import json
 from collections import Counter
 from pathlib import Path
@@ -17,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import model_roles
 from test_acceptance import P, Q, assert_matches, exact_joint, softmax_at
 from typer.testing import CliRunner
 
@@ -47,23 +47,7 @@ F64 = torch.float64
 def weights(tiny_model):
     """``weights(kind, seed, role)``: the target's weights for "twin", a noisy copy of them for
     "noisy" (built once), an unrelated model for "other"."""
-    noisy = {}
-
-    def get(kind: str, seed: int, role: str = "target") -> torch.nn.Module:
-        if role in ("target", "twin"):
-            return tiny_model(kind, seed, vocab_size=VOCAB)
-        if role == "other":
-            return tiny_model(kind, 100 + seed, vocab_size=VOCAB)
-        if (kind, seed) not in noisy:
-            model = noisy[kind, seed] = copy.deepcopy(tiny_model(kind, seed, vocab_size=VOCAB))
-            gen = torch.Generator().manual_seed(20_000 + seed)
-            with torch.no_grad():
-                for param in model.parameters():
-                    if param.numel() > 1:
-                        param.add_(0.08 * param.std() * torch.randn(param.shape, generator=gen, dtype=F64))
-        return noisy[kind, seed]
-
-    return get
+    return model_roles(tiny_model, VOCAB, 0.08, same=("target", "twin"))
 
 
 def prompt_for(seed: int) -> torch.Tensor:

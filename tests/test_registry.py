@@ -157,6 +157,7 @@ def test_unknown_tiny_option_is_one_line():
 
 @pytest.mark.parametrize("source", ["org/model", "missing.gguf", "smollm2-135m-instruct"])
 def test_an_option_the_loader_does_not_take_stops_before_loading(source):
-    with pytest.raises(SpecbenchError, match=r"^models.m.options.colour: .*takes no option 'colour'") as error:
+    expected = r"^models.m.options.colour: .*takes no option 'colour'"
+    with pytest.raises(SpecbenchError, match=expected) as error:
         registry.load(request(source, options={"colour": 1}))
     assert "\n" not in str(error.value)

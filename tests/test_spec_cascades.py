@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import model_roles
 from test_acceptance import TINY_OPTIONS, assert_matches
 from test_deferral import expected_position
 from typer.testing import CliRunner
@@ -45,23 +46,7 @@ MAX_NEW = 12
 def weights(tiny_model):
     """``weights(kind, seed, role)``: the target's weights, a noisy copy (partial agreement), or an
     unrelated model."""
-    noisy = {}
-
-    def get(kind: str, seed: int, role: str = "target") -> torch.nn.Module:
-        if role == "target":
-            return tiny_model(kind, seed, vocab_size=VOCAB)
-        if role == "other":
-            return tiny_model(kind, 100 + seed, vocab_size=VOCAB)
-        if (kind, seed) not in noisy:
-            model = noisy[kind, seed] = copy.deepcopy(tiny_model(kind, seed, vocab_size=VOCAB))
-            gen = torch.Generator().manual_seed(20_000 + seed)
-            with torch.no_grad():
-                for param in model.parameters():
-                    if param.numel() > 1:
-                        param.add_(0.15 * param.std() * torch.randn(param.shape, generator=gen, dtype=F64))
-        return noisy[kind, seed]
-
-    return get
+    return model_roles(tiny_model, VOCAB, 0.15)
 
 
 def prompt_for(seed: int) -> torch.Tensor:
