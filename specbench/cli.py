@@ -139,7 +139,7 @@ def report(
     With --paper, the paper's table instead: each paper row beside the best of our matching cells.
     """
     if paper is not None:
-        from specbench.paper_tables import check_paper, render_paper
+        from specbench.papers.registry import check_paper, render_paper
 
         check_paper(paper)  # a misspelt name is reported before the results are read
         text = render_paper(results, paper, format)
@@ -287,11 +287,11 @@ def plot(
         raise SpecbenchError("--figure", f"unknown figure {figure!r}", f"use one of {', '.join(figures)}")
     writers = {"acceptance": lambda r: list(write_acceptance_plot(r))}
     if figure in ("curves", "all"):
-        from specbench.curves import write_curves
+        from specbench.papers.spec_cascades.curves import write_curves
 
         writers["curves"] = write_curves
     if figure in ("specdecpp", "all"):
-        from specbench.efficiency import write_efficiency
+        from specbench.papers.specdecpp.efficiency import write_efficiency
 
         writers["specdecpp"] = write_efficiency
     for name, write in writers.items():
@@ -325,7 +325,7 @@ def theory_table1(
     """
     from rich.table import Table
 
-    from specbench import theory
+    from specbench.papers.cs_drafting import theory
 
     tables = {"params": theory.PARAM_COSTS, "leviathan": theory.LEVIATHAN_COSTS}
     if costs not in tables:
@@ -433,8 +433,8 @@ def specdecpp_train(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from specbench import specdecpp
     from specbench.drafters import acceptance_head
+    from specbench.papers.specdecpp import training
 
     if data_dir is None:
         raise SpecbenchError(
@@ -446,7 +446,7 @@ def specdecpp_train(
         raise SpecbenchError(
             "--dtype", f"unknown dtype {dtype!r}", "use float32, float64, bfloat16 or float16"
         )
-    config = specdecpp.TrainConfig(
+    config = training.TrainConfig(
         target=target,
         drafter=drafter,
         target_options=_json_option("--target-options", target_options),
@@ -472,7 +472,7 @@ def specdecpp_train(
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn())
     columns += (TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
     with Progress(*columns, console=err) as progress:
-        folder = specdecpp.train(config, progress)
+        folder = training.train(config, progress)
     manifest = json.loads((folder / acceptance_head.MANIFEST).read_text())
     scores, constant = manifest["eval"], manifest["eval_constant_predictor"]
     err.print(

@@ -9,6 +9,9 @@ Validation has two layers: pydantic checks the shape, types and ranges of the sc
 Python then checks what needs the whole recipe (model references, task names, and each method's
 parameters and cross-field rule, which the method declares next to its algorithm and the registry
 :data:`specbench.methods.METHODS` hands over). Nothing here knows a particular method.
+
+One file of ~700 lines on purpose: the schema, the checks across it and their wording are one contract
+(a field's rule and its one-line message sit together), and half of it is the messages themselves.
 """
 
 from __future__ import annotations

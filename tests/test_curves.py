@@ -1,5 +1,5 @@
-"""Quality-vs-latency curves and Table 2 of Speculative Cascades (curves.py); discard and
-verification rates, the forward-time regression and Table 1 of SpecDec++ (efficiency.py). Every run
+"""Quality-vs-latency curves and Table 2 of Speculative Cascades (papers/spec_cascades); discard and
+verification rates, the forward-time regression and Table 1 of SpecDec++ (papers/specdecpp). Every run
 here is synthetic: example rows in the runner's schema, summarised by summary.py as a real run is."""
 
 from __future__ import annotations
@@ -16,28 +16,26 @@ import yaml
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from specbench.curves import (
-    _paper,
+from specbench.errors import SpecbenchError
+from specbench.papers.registry import render_paper
+from specbench.papers.spec_cascades.curves import (
     curve_points,
     latency_to_match,
-    paper_label,
     pareto_frontier,
     quality_at_latency,
     run_points,
-    spec_cascades_reference,
     table2_metrics,
 )
-from specbench.efficiency import (
+from specbench.papers.spec_cascades.tables import _paper, paper_label, spec_cascades_reference
+from specbench.papers.specdecpp.efficiency import (
     discard_verification_rates,
     fit_forward_times,
     rates_frontier,
     rates_table,
     regression_table,
-    specdecpp_reference,
     time_per_token,
 )
-from specbench.errors import SpecbenchError
-from specbench.paper_tables import render_paper
+from specbench.papers.specdecpp.tables import specdecpp_reference
 from specbench.pipeline.summary import write_cells_csv
 
 runner = CliRunner()
@@ -222,7 +220,7 @@ def test_spec_cascades_reference_holds_the_two_rows_of_table2_exactly():
     table = spec_cascades_reference()["table2"]
     rows = {r["method"]: r for r in table["rows"]}
     assert list(rows) == ["SeqCascade [Chow]", "TokenCascade [Chow]"]
-    # every cell, digit by digit as the paper's text prints them (003_b96a1a6ccb555f14.txt, Table 2)
+    # every cell, digit by digit as the paper's text prints them (Narasimhan et al., ICLR 2025, Table 2)
     assert rows["SeqCascade [Chow]"]["latency_reduction"] == [1.55, 0.84, 0.98, 2.46, 0.93, 0.94]
     assert rows["SeqCascade [Chow]"]["best_quality"] == [16.56, 12.97, 9.91, 16.29, 16.40, 11.18]
     assert rows["TokenCascade [Chow]"]["latency_reduction"] == [1.03, 0.93, 1.40, 1.46, 0.82, 1.51]
@@ -253,7 +251,7 @@ def test_report_paper_spec_cascades_prints_ours_beside_the_papers(cascade_run: P
     assert "| seq-chow | SeqCascade [Chow] |" in text and "1.55/0.84/0.98" in text
     assert "large = t5-v1_1-large" in text and "Not the paper's models" not in text
     # the original T5 (not v1.1) is not the paper's model family: the caption says so
-    from specbench.paper_tables import PAPERS
+    from specbench.papers.registry import PAPERS
 
     paper = PAPERS["spec-cascades-table2"]
     assert paper.is_target("google/t5-v1_1-large, google/t5-v1_1-small")

@@ -12,7 +12,9 @@ import yaml
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from specbench.paper_tables import cs_drafting_reference, load_runs, render_paper, table2, table3
+from specbench.papers.base import load_runs
+from specbench.papers.cs_drafting.tables import cs_drafting_reference, table2, table3
+from specbench.papers.registry import render_paper
 from specbench.recipe import METHODS, load_recipe, parse_recipe
 from specbench.tasks import TASKS
 
@@ -252,7 +254,7 @@ def test_cli_report_paper_errors_are_one_line_exit_2(flan_run: Path, args: list[
 
 
 def test_report_help_names_every_paper_view():
-    from specbench.paper_tables import PAPERS
+    from specbench.papers.registry import PAPERS
 
     assert {"spec-cascades-table2", "specdecpp"} <= set(PAPERS)
     result = runner.invoke(app, ["report", "--help"], env={"COLUMNS": "400"})

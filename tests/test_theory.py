@@ -1,4 +1,5 @@
-"""Tests for specbench.theory (Cascade Speculative Drafting theory, Chen et al. 2024, Section 4)."""
+"""Tests for specbench.papers.cs_drafting.theory (Cascade Speculative Drafting theory, Chen et al. 2024,
+Section 4)."""
 
 import itertools
 import math
@@ -6,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from specbench import theory as th
+from specbench.papers.cs_drafting import theory as th
 
 
 def leviathan(alpha, gamma, c):

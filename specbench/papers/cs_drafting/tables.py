@@ -1,20 +1,19 @@
-"""Paper views of a run (``specbench report --paper NAME``): our best cells beside a paper's table.
+"""CS Drafting's Tables 2-5 beside a run (``specbench report RUN --paper cs-drafting-table2|3``).
 
-The reference numbers are data (``specbench/data/papers/cs_drafting.yaml``, copied from the paper).
-For each paper row, "ours" is the best of our cells of the same dataset, algorithm and drafters:
-highest SWI for Table 2, separately under MS and under PW (the paper tuned each column on its own,
-Table 5), and highest tokens/s for Tables 3 and 4. The setting of that cell stands beside the
-paper's. A paper row with no matching cell shows "—".
+Chen et al., "Cascade Speculative Drafting for Even Faster LLM Inference" (NeurIPS 2024). The
+reference numbers are data (this folder's ``reference.yaml``, copied from the paper). For each paper
+row, "ours" is the best of our cells of the same dataset, algorithm and drafters: highest SWI for
+Table 2, separately under MS and under PW (the paper tuned each column on its own, Table 5), and
+highest tokens/s for Tables 3 and 4. The setting of that cell stands beside the paper's. A paper row
+with no matching cell shows "—".
 
 Rows are matched by role. A drafter's paper role comes from the model's source in the run's
 ``resolved_recipe.yaml`` (else ``environment.json``): ``*/flan-t5-base`` is BASE, ``*/flan-t5-small``
 SMALL, ``maxgram`` MAG (exact names, never substrings). A source that is none of these (tiny or
 distilled stand-ins, a local copy under another name) falls back to the recipe's model name:
 ``base``, ``small``, ``mag``. Table 3 has one drafter set, so there only the method matters (S
-Decoding: a neural drafter). A caption names the models the run really used, so a run
+Decoding: a neural drafter). The caption names the models the run really used, so a run
 on tiny or SmolLM2 models is never read as the paper's FLAN-T5 numbers.
-
-Like the rest of the report this reads only result files, never models or the decoding code.
 """
 
 from __future__ import annotations
@@ -22,23 +21,13 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
 
 import pandas as pd
 import yaml
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
-from specbench.errors import SpecbenchError
-from specbench.pipeline.report import load_cells
-from specbench.pipeline.results import CELLS
+from specbench.papers.base import MISSING, Run, View, best, num
 
-FORMATS = ("table", "markdown", "csv")
-MISSING = "—"
 SOURCE_ROLES = {"flan-t5-small": "SMALL", "flan-t5-base": "BASE", "maxgram": "MAG"}
 NAME_ROLES = {"base": "BASE", "small": "SMALL", "mag": "MAG"}
 STATISTICAL_SOURCES = ("prompt-lookup", "maxgram")
@@ -46,81 +35,22 @@ STATISTICAL_SOURCES = ("prompt-lookup", "maxgram")
 
 @functools.lru_cache(maxsize=1)
 def cs_drafting_reference() -> dict:
-    """The CS Drafting paper's Tables 2-5 as transcribed in specbench/data/papers/cs_drafting.yaml."""
-    text = resources.files("specbench.data").joinpath("papers").joinpath("cs_drafting.yaml").read_text()
+    """The paper's Tables 2-5 as transcribed in this folder's reference.yaml."""
+    text = resources.files("specbench.papers.cs_drafting").joinpath("reference.yaml").read_text()
     return yaml.safe_load(text)
 
 
-# -- the run -----------------------------------------------------------------------------------
+def role(run: Run, name: str) -> str | None:
+    """The paper's name of a recipe model (module docstring), or None."""
+    source = run.source(name)
+    return SOURCE_ROLES.get(source.rstrip("/").rsplit("/", 1)[-1]) or NAME_ROLES.get(name)
 
 
-@dataclass
-class Run:
-    name: str
-    directory: Path
-    cells: pd.DataFrame
-    sources: dict[str, str] = field(default_factory=dict)  # recipe model name -> source
-    environment: dict[str, dict] = field(default_factory=dict)  # environment.json "models"
-
-    def role(self, name: str) -> str | None:
-        """The paper's name of a recipe model (module docstring), or None."""
-        source = self.sources.get(name) or self.environment.get(name, {}).get("source") or ""
-        return SOURCE_ROLES.get(source.rstrip("/").rsplit("/", 1)[-1]) or NAME_ROLES.get(name)
-
-    def statistical(self, name: str) -> bool:
-        source = self.sources.get(name) or self.environment.get(name, {}).get("source") or ""
-        return source in STATISTICAL_SOURCES
-
-    def target_source(self) -> str:
-        targets = self.cells["target"].dropna().unique() if "target" in self.cells else []
-        return ", ".join(
-            self.sources.get(t) or self.environment.get(t, {}).get("source") or t for t in targets
-        )
+def statistical(run: Run, name: str) -> bool:
+    return run.source(name) in STATISTICAL_SOURCES
 
 
-def load_runs(results: Path) -> list[Run]:
-    """Every run below ``results`` (one run directory, or a folder of them) with its model sources."""
-    results = Path(results)
-    cells = load_cells(results)
-    runs = []
-    for name, frame in cells.groupby("run", sort=False):
-        directory = results if (results / CELLS).is_file() else results / str(name)
-        run = Run(str(name), directory, frame.reset_index(drop=True))
-        recipe = directory / "resolved_recipe.yaml"
-        if recipe.is_file():
-            models = (yaml.safe_load(recipe.read_text()) or {}).get("models") or {}
-            run.sources = {m: str(spec.get("source", "")) for m, spec in models.items()}
-        environment = directory / "environment.json"
-        if environment.is_file():
-            run.environment = json.loads(environment.read_text()).get("models") or {}
-        runs.append(run)
-    return runs
-
-
-def caption(run: Run, paper: Paper) -> list[str]:
-    """Which models this run used, and a warning when they are not the paper's."""
-    if run.environment:
-        models = [
-            f"{name} = {info.get('source')} ({_size(info.get('parameters'))}"
-            + "".join(f", {info[key]}" for key in ("dtype", "device") if info.get(key))
-            + ")"
-            for name, info in run.environment.items()
-        ]
-    elif run.sources:
-        models = [f"{name} = {source}" for name, source in run.sources.items()]
-    else:
-        models = [f"unknown (no environment.json or resolved_recipe.yaml in {run.directory})"]
-    lines = [f"Run {run.name} used: " + "; ".join(models) + "."]
-    target = run.target_source()
-    if not paper.is_target(target):
-        lines.append(
-            f"Not the paper's models (its target is {paper.target}, this run's {target or 'unknown'}): "
-            "compare the shape of the table, not its numbers."
-        )
-    return lines
-
-
-# -- matching and the best cell ------------------------------------------------------------------
+# -- matching ------------------------------------------------------------------------------------
 
 
 def cell_params(row: dict) -> dict:
@@ -182,30 +112,13 @@ def annotate(run: Run) -> pd.DataFrame:
     names = [
         d.split("+") if isinstance(d, str) and d else [] for d in frame.get("drafter", [""] * len(frame))
     ]
-    frame["roles"] = [tuple(run.role(n) for n in row) for row in names]
-    frame["neural"] = [all(not run.statistical(n) for n in row) for row in names]
+    frame["roles"] = [tuple(role(run, n) for n in row) for row in names]
+    frame["neural"] = [all(not statistical(run, n) for n in row) for row in names]
     frame["parsed"] = [cell_params(r) for r in frame.to_dict("records")]
     return frame
 
 
-def best(frame: pd.DataFrame, metric: str) -> dict | None:
-    """The row with the highest ``metric`` (NaN ignored), or None."""
-    if frame.empty or metric not in frame:
-        return None
-    values = pd.to_numeric(frame[metric], errors="coerce")
-    if values.isna().all():
-        return None
-    return frame.loc[values.idxmax()].to_dict()
-
-
 # -- the views -----------------------------------------------------------------------------------
-
-
-@dataclass
-class View:
-    title: str
-    rows: list[dict]  # display rows: column -> text
-    notes: list[str] = field(default_factory=list)
 
 
 def table2(runs: list[Run]) -> tuple[list[View], list[dict]]:
@@ -233,8 +146,8 @@ def table2(runs: list[Run]) -> tuple[list[View], list[dict]]:
             top = best(mine, metric)
             theirs = table5.get(column.lower())
             row |= {
-                f"{column} ours": _num(top[metric]) if top else MISSING,
-                f"{column} paper": _num(paper[column.lower()]),
+                f"{column} ours": num(top[metric]) if top else MISSING,
+                f"{column} paper": num(paper[column.lower()]),
                 f"{column} setting ours": setting(method, top["parsed"]) if top else MISSING,
                 f"{column} setting paper": paper_setting(theirs) if theirs else MISSING,
             }
@@ -283,10 +196,10 @@ def table3(runs: list[Run]) -> tuple[list[View], list[dict]]:
                 {
                     "Dataset": label,
                     "Algorithm": paper["algorithm"],
-                    "tok/s ours": _num(top["tokens_per_s"]) if top else MISSING,
-                    "tok/s paper": _num(theirs),
-                    "×AR ours": _num(top.get("speedup_vs_ar")) if top else MISSING,
-                    "×AR paper": _num(speedup),
+                    "tok/s ours": num(top["tokens_per_s"]) if top else MISSING,
+                    "tok/s paper": num(theirs),
+                    "×AR ours": num(top.get("speedup_vs_ar")) if top else MISSING,
+                    "×AR paper": num(speedup),
                     "setting ours": ours_setting if top else MISSING,
                     "setting paper": _hyper(hyper, paper) if theirs is not None else MISSING,
                 }
@@ -314,8 +227,8 @@ def table3(runs: list[Run]) -> tuple[list[View], list[dict]]:
         rows4.append(
             {
                 "K00": str(paper["K00"]),
-                "tok/s ours": _num(top["tokens_per_s"]) if top else MISSING,
-                "tok/s paper": _num(paper["walltime"]),
+                "tok/s ours": num(top["tokens_per_s"]) if top else MISSING,
+                "tok/s paper": num(paper["walltime"]),
                 "setting ours": setting("cs_drafting", top["parsed"]) if top else MISSING,
             }
         )
@@ -334,88 +247,6 @@ def table3(runs: list[Run]) -> tuple[list[View], list[dict]]:
     ]
     views.append(View("CS Drafting Table 4 (K00): ours | paper", rows4, notes4))
     return views, tidy
-
-
-@dataclass(frozen=True)
-class Paper:
-    build: Callable[[list[Run]], tuple[list[View], list[dict]]]
-    target: str  # the paper's target model, as captions name it
-    target_names: tuple[str, ...]  # a run's target counts as the paper's if its name starts so
-
-    def is_target(self, sources: str) -> bool:
-        """Whether every target of a run (comma-separated sources) is the paper's model."""
-        names = [s.strip().rstrip("/").rsplit("/", 1)[-1].lower() for s in sources.split(",") if s.strip()]
-        return bool(names) and all(name.startswith(self.target_names) for name in names)
-
-
-def spec_cascades_table2(runs: list[Run]) -> tuple[list[View], list[dict]]:
-    """Speculative Cascades Table 2 (latency ↓ at the large model's quality, best quality): curves.py."""
-    from specbench.curves import paper_table2
-
-    return paper_table2(runs)
-
-
-def specdecpp_table1(runs: list[Run]) -> tuple[list[View], list[dict]]:
-    """SpecDec++ Table 1 (throughput) and its forward-time fit: efficiency.py."""
-    from specbench.efficiency import paper_table1
-
-    return paper_table1(runs)
-
-
-PAPERS = {
-    "cs-drafting-table2": Paper(table2, "google/flan-t5-xxl", ("flan-t5-xxl",)),
-    "cs-drafting-table3": Paper(table3, "Vicuna-7B", ("vicuna-7b",)),
-    # the small model's own AR cell (its point on the curves) is part of the paper's setup too; the
-    # original T5 (t5-large, without v1_1) is another model family, so it is not the paper's
-    "spec-cascades-table2": Paper(
-        spec_cascades_table2,
-        "T5 v1.1 large / XL (fine-tuned; T5 v1.1 small drafts)",
-        ("t5-v1_1-large", "t5-v1_1-xl", "t5-v1_1-small"),
-    ),
-    "specdecpp": Paper(
-        specdecpp_table1, "llama-2-chat 70B (7B drafts)", ("llama-2-70b-chat", "llama-2-7b-chat")
-    ),
-}
-
-
-def check_paper(paper: str) -> None:
-    if paper not in PAPERS:
-        raise SpecbenchError("--paper", f"unknown paper table {paper!r}", f"use one of {', '.join(PAPERS)}")
-
-
-def render_paper(results: Path, paper: str, fmt: str = "table", console: Console | None = None) -> str | None:
-    """Print (fmt ``table``) or return (``markdown``, ``csv``) a paper's table beside a run's cells."""
-    check_paper(paper)
-    if fmt not in FORMATS:
-        raise SpecbenchError(
-            "--format", f"the paper view has no format {fmt!r}", f"use one of {', '.join(FORMATS)}"
-        )
-    runs = load_runs(results)
-    views, tidy = PAPERS[paper].build(runs)
-    captions = [line for run in runs for line in caption(run, PAPERS[paper])]
-    if fmt == "csv":
-        return pd.DataFrame(tidy).to_csv(index=False)
-    if fmt == "markdown":
-        blocks = [f"### {view.title}\n\n{_markdown(view.rows)}\n\n" + "\n".join(view.notes) for view in views]
-        return "\n\n".join(blocks) + "\n\n" + "\n".join(f"**{line}**" for line in captions)
-    if console is None:
-        console = Console()
-        if not console.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
-            console = Console(width=220)
-    for view in views:
-        table = Table(title=view.title, title_justify="left")
-        for column in view.rows[0]:
-            labels = ("Dataset", "Algorithm", "{M_di}", "K00", "Run", "Method", "Setting", "paper row")
-            text = column in labels or "setting" in column
-            table.add_column(column, justify="left" if text else "right")
-        for row in view.rows:
-            table.add_row(*(Text(value) for value in row.values()))  # Text: no markup in [[2,10],...]
-        console.print(table)
-        for note in view.notes:
-            console.print(note, style="dim", markup=False, highlight=False)
-    for line in captions:
-        console.print(line, style="bold", markup=False, highlight=False)
-    return None
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -440,28 +271,3 @@ def _hyper(hyper: dict, paper: dict) -> str:
     if not entry:
         return ""
     return " ".join(f"{key}={json.dumps(value, separators=(',', ':'))}" for key, value in entry.items())
-
-
-def _markdown(rows: list[dict]) -> str:
-    columns = list(rows[0])
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(str(row[c]) for c in columns) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _num(value, digits: int = 2) -> str:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return MISSING
-    return MISSING if math.isnan(value) else f"{value:.{digits}f}"
-
-
-def _size(parameters) -> str:
-    if not parameters:
-        return "statistical" if parameters == 0 else "? parameters"
-    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if parameters >= scale:
-            value = parameters / scale
-            return f"{value:.1f}{unit}" if value < 10 else f"{value:.0f}{unit}"
-    return str(parameters)

@@ -34,13 +34,10 @@ import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from specbench.errors import SpecbenchError
 from specbench.pipeline.results import read_examples, write_atomic
@@ -50,13 +47,6 @@ REGRESSION_CSV = "specdecpp_regression.csv"
 PARETO_PNG = "specdecpp_pareto.png"
 POOLED = ("speculative", "specdecpp")  # the settings whose times predict throughput (Sec. 4.2)
 ALL = "all"
-
-
-@lru_cache(maxsize=1)
-def specdecpp_reference() -> dict:
-    """The paper's Tables 1 and 2 as transcribed in specbench/data/papers/specdecpp.yaml."""
-    text = resources.files("specbench.data").joinpath("papers").joinpath("specdecpp.yaml").read_text()
-    return yaml.safe_load(text)
 
 
 # -- Equation 2.3 ----------------------------------------------------------------------------------
@@ -344,135 +334,3 @@ def write_rates_plot(rates: pd.DataFrame, path: Path) -> Path:
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return path
-
-
-# -- the paper view: `specbench report RUN --paper specdecpp` --------------------------------------
-
-
-def paper_table1(runs: list) -> tuple[list, list[dict]]:
-    """Our best SpecDec (speculative, fixed k) and SpecDec++ cell per dataset beside Table 1."""
-    from specbench.paper_tables import MISSING, View, best
-
-    ref = specdecpp_reference()
-    ar_paper = ref["autoregressive_tokens_per_s"]
-    paper_tps = {r["algorithm"]: r for r in ref["table1"]["rows"]}
-    if not any(run.cells["method"].isin(["speculative", "specdecpp"]).any() for run in runs):
-        raise SpecbenchError(
-            ", ".join(str(run.directory) for run in runs),
-            "no speculative or specdecpp cells to compare with SpecDec++ Table 1",
-            "run a recipe with a specdecpp method (threshold grid), a speculative method (k grid) "
-            "and an autoregressive method on the same target",
-        )
-    rows, tidy, fits = [], [], []
-    for run in runs:
-        examples = read_examples(run.directory) if run.directory else []
-        cells = run.cells.copy()
-        if examples:
-            extra = rates_table(examples)[
-                ["dataset", "cell", "discard_rate", "verification_rate", "predicted_tokens_per_s"]
-            ]
-            cells = cells.merge(extra, on=["dataset", "cell"], how="left")
-            regression = regression_table(examples)
-            fits += [
-                r | {"run": run.name} for r in regression.to_dict("records") if r["setting"] != "stand-alone"
-            ]
-        cells["task"] = cells["dataset"].astype(str).str.split("/").str[0]
-        tasks = list(ref["datasets"].items()) + [
-            (t, t) for t in dict.fromkeys(cells["task"]) if t not in ref["datasets"].values()
-        ]
-        for label, task in tasks:
-            mine = cells[cells["task"] == task]
-            for algorithm, method in ref["algorithms"].items():
-                top = best(mine[mine["method"] == method], "tokens_per_s")
-                theirs = ar_paper if method == "autoregressive" else paper_tps.get(algorithm, {}).get(label)
-                speedup = theirs / ar_paper if theirs is not None else None
-                params = json.loads(top["params"]) if top and isinstance(top.get("params"), str) else {}
-                rows.append(
-                    {
-                        "Run": run.name,
-                        "Dataset": label,
-                        "Algorithm": algorithm,
-                        "tok/s ours": _num(top["tokens_per_s"]) if top else MISSING,
-                        "tok/s paper": _num(theirs),
-                        "×AR ours": _num(top.get("speedup_vs_ar")) if top else MISSING,
-                        "×AR paper": _num(speedup),
-                        "tok/s Eq. 2.3 ours": _num(top.get("predicted_tokens_per_s")) if top else MISSING,
-                        "discard rate": _num(top.get("discard_rate"), 3) if top else MISSING,
-                        "verification rate": _num(top.get("verification_rate"), 3) if top else MISSING,
-                        "setting ours": (" ".join(f"{k}={v}" for k, v in params.items()) or "-")
-                        if top
-                        else MISSING,
-                    }
-                )
-                for metric, value in (("tokens_per_s", theirs), ("speedup_vs_ar", speedup)):
-                    tidy.append(
-                        {
-                            "table": "1",
-                            "run": run.name,
-                            "dataset": label,
-                            "algorithm": algorithm,
-                            "metric": metric,
-                            "ours": float(top[metric]) if top and metric in top else math.nan,
-                            "paper": value,
-                            "cell": top["cell"] if top else "",
-                        }
-                    )
-    notes = [
-        f"Paper: {ref['table1']['source']}; ×AR paper = tokens/s over its target-only "
-        f"{ar_paper} tokens/s (Sec. 2.1, 4.2).",
-        "Table 1's rows are printed swapped against the text: SpecDec++ = 18.88/20.61/20.95 tokens/s "
-        "(2.04x/2.23x/2.26x, the abstract's speedups; 18.88/17.62 = +7.2% as stated) and SpecDec = "
-        "17.62/18.55/19.14 (1.90x/2.00x/2.07x). See the note in specbench/data/papers/specdecpp.yaml.",
-        "ours = the cell with the highest tokens/s per algorithm and dataset; ×AR: over the AR cell of "
-        "the same run. Eq. 2.3: N/T from the cell's discard and verification rates and t_draft, t_target "
-        "fitted on this run's speculative + specdecpp examples (Equation 2.1, no intercept).",
-    ]
-    views = [View("SpecDec++ Table 1 (throughput): ours | paper", rows, notes)]
-    fit_rows = _fit_rows(fits, ref)
-    if fit_rows:
-        views.append(
-            View(
-                "SpecDec++ forward times (Equation 2.1 fit; paper Appendix C.2): ours | paper",
-                fit_rows,
-                [
-                    f"Paper: {ref['table2']['source']}. Times in ms per forward pass.",
-                    "R² well below 1 (or a negative time) means Equation 2.1 does not describe this run, "
-                    "e.g. a statistical drafter whose 'passes' cost no model time, or loop overhead that "
-                    "dominates tiny models: then read the Eq. 2.3 throughputs with care.",
-                ],
-            )
-        )
-    return views, tidy
-
-
-def _fit_rows(fits: list[dict], ref: dict) -> list[dict]:
-    names = {"speculative": "SpecDec", "specdecpp": "SpecDec++"}
-    paper = {(r["setting"], r["dataset"]): r for r in ref["table2"]["rows"]}
-    labels = {task: label for label, task in ref["datasets"].items()}
-    out = []
-    for fit in fits:
-        label = labels.get(str(fit["dataset"]).split("/")[0], fit["dataset"])
-        theirs = paper.get((names.get(fit["setting"], ""), label))
-        out.append(
-            {
-                "Run": fit["run"],
-                "Setting": fit["setting"],
-                "Dataset": fit["dataset"],
-                "t_draft ours": _num(1000 * fit["t_draft_s"], 2),
-                "t_target ours": _num(1000 * fit["t_target_s"], 2),
-                "R² ours": _num(fit["r2"], 4),
-                "t_draft paper": _num(1000 * theirs["t_draft"], 1) if theirs else "—",
-                "t_target paper": _num(1000 * theirs["t_target"], 0) if theirs else "—",
-                "R² paper": _num(theirs["r2"], 4) if theirs else "—",
-                "examples": str(fit["examples"]),
-            }
-        )
-    return out
-
-
-def _num(value, digits: int = 2) -> str:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return "—"
-    return "—" if math.isnan(value) else f"{value:.{digits}f}"

@@ -11,7 +11,7 @@
    Y_i with probability r (``mixing_ratio``, 0.15) and takes Z_i otherwise; only the Z positions carry
    a loss. The draft then reads the mixed sequence once more, and its final hidden state at each Z
    position is the head's input (the draft is frozen, so these features are computed once and cached).
-3. **Head and loss.** :class:`~specbench.decoding.specdecpp.AcceptanceHead` (D residual SiLU blocks
+3. **Head and loss.** :class:`~specbench.drafters.acceptance_head.AcceptanceHead` (D residual SiLU blocks
    and a linear read-out, sigmoid) trained with the weighted BCE of Sec. 3.3 on soft labels y,
    ``-(w_acc y log p̂ + w_rej (1 - y) log(1 - p̂))``, normalised by ``w_acc Σy + w_rej Σ(1-y)`` as in the
    release; Adam, linear warm-up then cosine decay, batches of 32 sequences (Appendix C.1).

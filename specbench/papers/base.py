@@ -1,0 +1,197 @@
+"""What every paper view shares (``specbench report RUN --paper NAME``): runs, views, the caption.
+
+A paper (:class:`Paper`) names itself, loads its transcribed reference numbers, turns the runs read
+from result files into views (tables of display rows with notes) and tidy rows (the csv format),
+and names the models it used, for the caption. This module renders any paper's views as a Rich
+table, markdown or csv; it never imports a paper (the ``--paper`` names are in
+:mod:`specbench.papers.registry`). For each paper row "ours" is usually the best of the run's
+matching cells (:func:`best`), with :data:`MISSING` where the run has no such cell.
+
+Like the rest of the report this reads only result files, never models or the decoding code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import yaml
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from specbench.errors import SpecbenchError
+from specbench.pipeline.report import load_cells
+from specbench.pipeline.results import CELLS
+
+FORMATS = ("table", "markdown", "csv")
+MISSING = "—"
+# columns the table format aligns left (names and settings); every other column holds numbers
+TEXT_COLUMNS = ("Dataset", "Algorithm", "{M_di}", "K00", "Run", "Method", "Setting", "paper row")
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    name: str
+    directory: Path
+    cells: pd.DataFrame
+    sources: dict[str, str] = field(default_factory=dict)  # recipe model name -> source
+    environment: dict[str, dict] = field(default_factory=dict)  # environment.json "models"
+
+    def source(self, name: str) -> str:
+        """A recipe model's source: the resolved recipe's, else environment.json's, else ""."""
+        return self.sources.get(name) or self.environment.get(name, {}).get("source") or ""
+
+    def target_source(self) -> str:
+        targets = self.cells["target"].dropna().unique() if "target" in self.cells else []
+        return ", ".join(self.source(t) or t for t in targets)
+
+
+def load_runs(results: Path) -> list[Run]:
+    """Every run below ``results`` (one run directory, or a folder of them) with its model sources."""
+    results = Path(results)
+    cells = load_cells(results)
+    runs = []
+    for name, frame in cells.groupby("run", sort=False):
+        directory = results if (results / CELLS).is_file() else results / str(name)
+        run = Run(str(name), directory, frame.reset_index(drop=True))
+        recipe = directory / "resolved_recipe.yaml"
+        if recipe.is_file():
+            models = (yaml.safe_load(recipe.read_text()) or {}).get("models") or {}
+            run.sources = {m: str(spec.get("source", "")) for m, spec in models.items()}
+        environment = directory / "environment.json"
+        if environment.is_file():
+            run.environment = json.loads(environment.read_text()).get("models") or {}
+        runs.append(run)
+    return runs
+
+
+# -- views and papers ----------------------------------------------------------------------------
+
+
+@dataclass
+class View:
+    title: str
+    rows: list[dict]  # display rows: column -> text
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Paper:
+    """One ``--paper NAME`` view: what a paper folder implements (see :mod:`specbench.papers`)."""
+
+    name: str  # the --paper name
+    build: Callable[[list[Run]], tuple[list[View], list[dict]]]  # runs -> (views, tidy rows)
+    reference: Callable[[], dict]  # the paper's transcribed numbers (its reference.yaml)
+    target: str  # the paper's target model, as captions name it
+    target_names: tuple[str, ...]  # a run's target counts as the paper's if its name starts so
+
+    def is_target(self, sources: str) -> bool:
+        """Whether every target of a run (comma-separated sources) is the paper's model."""
+        names = [s.strip().rstrip("/").rsplit("/", 1)[-1].lower() for s in sources.split(",") if s.strip()]
+        return bool(names) and all(name.startswith(self.target_names) for name in names)
+
+    def caption(self, run: Run) -> list[str]:
+        """Which models this run used, and a warning when they are not the paper's."""
+        if run.environment:
+            models = [
+                f"{name} = {info.get('source')} ({_size(info.get('parameters'))}"
+                + "".join(f", {info[key]}" for key in ("dtype", "device") if info.get(key))
+                + ")"
+                for name, info in run.environment.items()
+            ]
+        elif run.sources:
+            models = [f"{name} = {source}" for name, source in run.sources.items()]
+        else:
+            models = [f"unknown (no environment.json or resolved_recipe.yaml in {run.directory})"]
+        lines = [f"Run {run.name} used: " + "; ".join(models) + "."]
+        target = run.target_source()
+        if not self.is_target(target):
+            lines.append(
+                f"Not the paper's models (its target is {self.target}, this run's {target or 'unknown'}): "
+                "compare the shape of the table, not its numbers."
+            )
+        return lines
+
+
+def best(frame: pd.DataFrame, metric: str) -> dict | None:
+    """The row with the highest ``metric`` (NaN ignored), or None."""
+    if frame.empty or metric not in frame:
+        return None
+    values = pd.to_numeric(frame[metric], errors="coerce")
+    if values.isna().all():
+        return None
+    return frame.loc[values.idxmax()].to_dict()
+
+
+# -- rendering -----------------------------------------------------------------------------------
+
+
+def render(results: Path, paper: Paper, fmt: str = "table", console: Console | None = None) -> str | None:
+    """Print (fmt ``table``) or return (``markdown``, ``csv``) a paper's table beside a run's cells."""
+    if fmt not in FORMATS:
+        raise SpecbenchError(
+            "--format", f"the paper view has no format {fmt!r}", f"use one of {', '.join(FORMATS)}"
+        )
+    runs = load_runs(results)
+    views, tidy = paper.build(runs)
+    captions = [line for run in runs for line in paper.caption(run)]
+    if fmt == "csv":
+        return pd.DataFrame(tidy).to_csv(index=False)
+    if fmt == "markdown":
+        blocks = [f"### {view.title}\n\n{markdown(view.rows)}\n\n" + "\n".join(view.notes) for view in views]
+        return "\n\n".join(blocks) + "\n\n" + "\n".join(f"**{line}**" for line in captions)
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
+            console = Console(width=220)
+    for view in views:
+        table = Table(title=view.title, title_justify="left")
+        for column in view.rows[0]:
+            text = column in TEXT_COLUMNS or "setting" in column
+            table.add_column(column, justify="left" if text else "right")
+        for row in view.rows:
+            table.add_row(*(Text(value) for value in row.values()))  # Text: no markup in [[2,10],...]
+        console.print(table)
+        for note in view.notes:
+            console.print(note, style="dim", markup=False, highlight=False)
+    for line in captions:
+        console.print(line, style="bold", markup=False, highlight=False)
+    return None
+
+
+# -- formatting ----------------------------------------------------------------------------------
+
+
+def markdown(rows: list[dict]) -> str:
+    """Display rows as a markdown table (the columns of the first row)."""
+    columns = list(rows[0])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(str(row[c]) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def num(value, digits: int = 2, unit: str = "") -> str:
+    """A number with ``digits`` decimals and ``unit`` after it; :data:`MISSING` for NaN or no number."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return MISSING
+    return MISSING if math.isnan(value) else f"{value:.{digits}f}{unit}"
+
+
+def _size(parameters) -> str:
+    if not parameters:
+        return "statistical" if parameters == 0 else "? parameters"
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if parameters >= scale:
+            value = parameters / scale
+            return f"{value:.1f}{unit}" if value < 10 else f"{value:.0f}{unit}"
+    return str(parameters)

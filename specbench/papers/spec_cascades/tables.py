@@ -1,0 +1,141 @@
+"""Speculative Cascades' Table 2 beside a run (``specbench report RUN --paper spec-cascades-table2``).
+
+Narasimhan et al., "Faster Cascades via Speculative Decoding" (ICLR 2025). Each of the run's
+cascade curves (:mod:`specbench.papers.spec_cascades.curves`) gives its two Table 2 numbers
+(latency reduction at the large model's quality, best quality within its latency), shown beside
+the paper's row for the same algorithm (``paper_label``) from this folder's ``reference.yaml``.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+
+import yaml
+
+from specbench.errors import SpecbenchError
+from specbench.papers.base import MISSING, Run, View, num
+from specbench.papers.spec_cascades.curves import check_points, curve_points, table2_metrics
+from specbench.pipeline.results import read_examples
+
+
+@lru_cache(maxsize=1)
+def spec_cascades_reference() -> dict:
+    """The paper's Tables 2 and 3 as transcribed in this folder's reference.yaml."""
+    text = resources.files("specbench.papers.spec_cascades").joinpath("reference.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def table2(runs: list[Run]) -> tuple[list[View], list[dict]]:
+    """Our Table 2 metrics per dataset and curve, with the paper's row for the same algorithm beside."""
+    ref = spec_cascades_reference()
+    table = ref["table2"]
+    columns = [f"{pair} {dataset}" for pair, dataset in table["columns"]]
+    paper_rows = [
+        {"Method": r["method"]}
+        | {f"lat↓ {c}": f"{v:.2f}×" for c, v in zip(columns, r["latency_reduction"], strict=True)}
+        | {f"quality {c}": f"{v:.2f}" for c, v in zip(columns, r["best_quality"], strict=True)}
+        for r in table["rows"]
+    ]
+    by_label = {r["method"]: r for r in table["rows"]}
+    rows, tidy, errors = [], [], []
+    for run in runs:
+        examples = read_examples(run.directory) if run.directory else []
+        points = curve_points(run.cells, run.environment, examples)
+        try:
+            check_points(points, str(run.directory))
+        except SpecbenchError as error:  # in a folder of runs, the runs without curves are left out
+            errors.append(error)
+            continue
+        for m in table2_metrics(points).to_dict("records"):
+            label = paper_label(m["method"], json.loads(m["params"]), ref)
+            theirs = by_label.get(label)
+            rows.append(
+                {
+                    "Run": run.name,
+                    "Dataset": m["dataset"],
+                    "Method": m["curve"],
+                    "paper row": label or MISSING,
+                    "metric": m["metric"],
+                    "large": num(m["large_quality"]),
+                    "lat↓ wall ours": num(m["latency_reduction_walltime"], unit="×"),
+                    "lat↓ SWI ours": num(m["latency_reduction_swi"], unit="×"),
+                    "lat↓ paper": _paper(theirs, "latency_reduction", m["dataset"], ref),
+                    "quality wall ours": num(m["best_quality_walltime"]),
+                    "quality SWI ours": num(m["best_quality_swi"]),
+                    "quality paper": _paper(theirs, "best_quality", m["dataset"], ref),
+                    "α points": str(m["points"]),
+                }
+            )
+            for metric in ("latency_reduction_walltime", "latency_reduction_swi", "best_quality_walltime"):
+                tidy.append(
+                    {
+                        "table": "2",
+                        "run": run.name,
+                        "dataset": m["dataset"],
+                        "method": m["curve"],
+                        "paper_method": label or "",
+                        "metric": metric,
+                        "ours": m[metric],
+                        "paper": _paper(theirs, metric.rsplit("_", 1)[0], m["dataset"], ref),
+                    }
+                )
+    if not rows:
+        raise errors[0]
+    notes = [
+        f"Paper: {table['source']}. {table['note']}",
+        "lat↓: large-model latency over the method's where its Pareto frontier over α (joined linearly) "
+        "first reaches the large model's quality; quality: the frontier's quality at the large model's "
+        "latency. wall: decoding time per example relative to the target's AR cell (as the paper); "
+        "SWI: model-size cost per example relative to it (tokens per example / SWI). "
+        "— = the curve never matches / never is as fast (specbench/papers/spec_cascades/curves.py).",
+        "The paper's metrics are BLEU (WMT) and ROUGE-2 (XSum, CNNDM) on fine-tuned T5 models; ours are "
+        "the run's task metric, so compare the ranking of methods, not the numbers.",
+    ]
+    views = [
+        View("Speculative Cascades Table 2 (paper, T5, T=1, γ=5)", paper_rows, [f"Paper: {ref['paper']}."]),
+        View("Speculative Cascades Table 2 metrics: ours | paper", rows, notes),
+    ]
+    return views, tidy
+
+
+def paper_label(method: str, params: dict | str | None = None, ref: dict | None = None) -> str | None:
+    """The paper's name of a specbench method with these parameters (a spec_cascade's rule), or None.
+
+    ``params`` is the cell's parameter dict, or just a rule name. An entry of the reference's
+    ``methods`` (one mapping, or a list of them) matches when the method is the same and every other
+    key it lists equals the cell's parameter; a missing parameter counts as false / empty.
+    """
+    ref = ref or spec_cascades_reference()
+    if not isinstance(params, dict):
+        params = {"rule": params} if params else {}
+    for label, entries in ref["methods"].items():
+        for entry in entries if isinstance(entries, list) else [entries]:
+            if entry["method"] != method:
+                continue
+            if all(
+                (params.get(key) if key in params else _absent(value)) == value
+                for key, value in entry.items()
+                if key != "method"
+            ):
+                return label
+    return None
+
+
+def _absent(value):
+    """What a parameter the cell does not record stands for: false, or the empty string."""
+    return False if isinstance(value, bool) else ""
+
+
+def _paper(row: dict | None, key: str, dataset: str, ref: dict) -> str:
+    """The paper's values of a row: on one of the paper's datasets its Small→Large and Small→XL
+    values there, else the three Small→Large values (WMT/XSum/CNNDM)."""
+    if not row:
+        return MISSING
+    labels = {task: label for label, task in ref["datasets"].items()}
+    label = labels.get(str(dataset).split("/")[0])
+    values = zip(ref["table2"]["columns"], row[key], strict=True)
+    if label:
+        return " / ".join(f"{pair} {v:.2f}" for (pair, d), v in values if d == label)
+    return "S→L WMT/XSum/CNNDM " + "/".join(f"{v:.2f}" for v in row[key][:3])
