@@ -1,4 +1,9 @@
-"""The ``specbench`` command line."""
+"""The ``specbench`` command line: one function per command, each with its ``--help``.
+
+About 500 lines on purpose: the commands' options and help texts are the user's manual, and each
+command only parses them and hands over to the module that does the work (imported inside it, so
+``specbench --help`` stays fast).
+"""
 
 from __future__ import annotations
 

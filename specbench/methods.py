@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
     from specbench.decoding.generation import Generation
     from specbench.decoding.sampling import SamplingParams
-    from specbench.recipe import GenerationSpec, MethodSpec
 
 
 @dataclass(frozen=True)
@@ -45,9 +44,10 @@ class ParamSpec:
 
 DRAFT_LENGTH = ParamSpec(int, 4, "draft length, the tokens proposed per target verification", 1, 64)
 
-# A rule across parameters, called with every fully resolved grid point, the method's recipe entry and
-# the generation settings: None, or (param, problem, fix).
-Check = Callable[[dict, "MethodSpec", "GenerationSpec"], "tuple[str, str, str] | None"]
+# A rule across parameters, called with every fully resolved grid point, the method's recipe entry
+# (specbench.recipe.MethodSpec) and the generation settings (GenerationSpec): None, or
+# (param, problem, fix). Typed loosely so that this interface never imports the recipe schema.
+Check = Callable[[dict, Any, Any], "tuple[str, str, str] | None"]
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ class Method:
     no_replay: str | None = None
 
 
-def given_params(spec: MethodSpec) -> set[str]:
+def given_params(spec) -> set[str]:
     """The parameter names a recipe entry sets, in params or grid."""
     return spec.params.keys() | spec.grid.keys()
 
