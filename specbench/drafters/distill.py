@@ -143,6 +143,17 @@ def _top(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids.to(torch.int32), values.to(torch.float16)
 
 
+def right_padded(seqs: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) of sequences of different lengths, padded with 0 on the right."""
+    width = max(s.shape[0] for s in seqs)
+    ids = torch.zeros((len(seqs), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, s in enumerate(seqs):
+        ids[row, : s.shape[0]] = s
+        mask[row, : s.shape[0]] = 1
+    return ids.to(device), mask.to(device)
+
+
 def left_padded(prompts: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(input_ids, attention_mask) of a batch of prompts padded on the left for ``generate``."""
     width = max(p.shape[0] for p in prompts)
@@ -204,14 +215,9 @@ def _teacher_forced(target, pairs: list[tuple[torch.Tensor, torch.Tensor]], conf
     for first in range(0, len(order), batch_size):
         batch = order[first : first + batch_size]
         seqs = [torch.cat(pairs[i]) for i in batch]
-        width = max(s.shape[0] for s in seqs)
-        ids = torch.zeros((len(batch), width), dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, s in enumerate(seqs):
-            ids[row, : s.shape[0]] = s
-            mask[row, : s.shape[0]] = 1
+        ids, mask = right_padded(seqs, target.device)
         # the head only where an answer token is predicted: most positions are prompt
-        hidden = model.base_model(input_ids=ids.to(target.device), attention_mask=mask.to(target.device))
+        hidden = model.base_model(input_ids=ids, attention_mask=mask)
         for row, i in enumerate(batch):
             start, length = pairs[i][0].shape[0], seqs[row].shape[0]
             logits = model.get_output_embeddings()(hidden.last_hidden_state[row, start - 1 : length - 1])

@@ -32,6 +32,31 @@ def acceptance_by_position(run_dir: Path) -> pd.DataFrame:
     return table
 
 
+def dataset_panels(datasets: list[str], width: float = 5, height: float = 3.8, extra: float = 0):
+    """(pyplot, figure, row of axes): one panel per dataset, drawn off-screen."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(
+        1, len(datasets), figsize=(width * len(datasets) + extra, height), squeeze=False
+    )
+    return plt, figure, axes[0]
+
+
+def save_panels(plt, figure, axes, path: Path, legends: bool = True) -> Path:
+    """A light grid and (``legends``) each panel's own legend, then the PNG at 120 dpi."""
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if legends and ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
 def write_acceptance_plot(run_dir: Path) -> tuple[Path, Path]:
     """acceptance_by_position.csv and .png in ``run_dir``; one line per speculative cell and dataset."""
     import matplotlib

@@ -45,6 +45,7 @@ from pathlib import Path
 import pandas as pd
 
 from specbench.errors import SpecbenchError
+from specbench.pipeline.plots import dataset_panels, save_panels
 from specbench.pipeline.report import load_cells
 from specbench.pipeline.results import CELLS, read_examples, write_atomic
 
@@ -392,17 +393,12 @@ def write_curves(run_dir: Path) -> list[Path]:
 
 def write_pareto_plot(points: pd.DataFrame, axis: str, path: Path) -> Path:
     """One panel per dataset: every curve's points, its frontier joined, the large and small models."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     column, label = AXES[axis]
     if axis == "deferral":  # Figure 3: cascades count deferrals, speculative methods rejections
         points = points.assign(deferral_rate=points["deferral_rate"].fillna(points["rejection_rate"]))
     datasets = list(dict.fromkeys(points["dataset"])) or ["(none)"]
-    figure, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 3.8), squeeze=False)
-    for ax, dataset in zip(axes[0], datasets, strict=False):
+    plt, figure, axes = dataset_panels(datasets)
+    for ax, dataset in zip(axes, datasets, strict=False):
         frame = points[points["dataset"] == dataset]
         for curve, group in frame[frame["role"] == "method"].groupby("curve", sort=False):
             front = group.iloc[pareto_frontier(group[column], group["quality"])]
@@ -416,13 +412,7 @@ def write_pareto_plot(points: pd.DataFrame, axis: str, path: Path) -> Path:
                     ax.axhline(record["quality"], linestyle=":", color="gray")
         metric = next((m for m in frame["metric"] if m), "quality")
         ax.set(title=dataset, xlabel=label, ylabel=metric)
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return save_panels(plt, figure, axes, path)
 
 
 # -- helpers -------------------------------------------------------------------------------------

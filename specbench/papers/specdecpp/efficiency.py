@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from specbench.errors import SpecbenchError
+from specbench.pipeline.plots import dataset_panels, save_panels
 from specbench.pipeline.results import read_examples, write_atomic
 
 RATES_CSV = "specdecpp_rates.csv"
@@ -299,15 +300,10 @@ def rates_frontier(discard, verify) -> list[int]:
 
 def write_rates_plot(rates: pd.DataFrame, path: Path) -> Path:
     """Figure 4: verification rate against discard rate, SpecDec++ (threshold) vs SD (k), per dataset."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     shown = rates[rates["method"] != "autoregressive"]
     datasets = list(dict.fromkeys(shown["dataset"])) or ["(none)"]
-    figure, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 3.8), squeeze=False)
-    for ax, dataset in zip(axes[0], datasets, strict=False):
+    plt, figure, axes = dataset_panels(datasets)
+    for ax, dataset in zip(axes, datasets, strict=False):
         frame = shown[shown["dataset"] == dataset]
         for name, group in frame.groupby("method_name", sort=False):
             group = group.reset_index(drop=True)
@@ -327,10 +323,4 @@ def write_rates_plot(rates: pd.DataFrame, path: Path) -> Path:
         ax.set(
             title=dataset, xlabel="discard rate (N_discard / N)", ylabel="verification rate (N_target / N)"
         )
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return save_panels(plt, figure, axes, path)

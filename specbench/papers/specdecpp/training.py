@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from specbench.drafters import distill
 from specbench.drafters.acceptance_head import (
     AcceptanceHead,
     head_dir,
@@ -112,20 +113,10 @@ class Example:
         return torch.where(self.keep, self.response, self.draft)
 
 
-def _right_padded(seqs: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(s.shape[0] for s in seqs)
-    ids = torch.zeros((len(seqs), width), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, s in enumerate(seqs):
-        ids[row, : s.shape[0]] = s
-        mask[row, : s.shape[0]] = 1
-    return ids.to(device), mask.to(device)
-
-
 def _hidden(model, seqs: list[torch.Tensor]) -> torch.Tensor:
     """Final (normed) hidden states of a decoder-only model, right-padded batch ``[B, T, H]`` (the base
     model's output: what ``output_hidden_states`` gives last, without keeping every layer's)."""
-    ids, mask = _right_padded(seqs, next(model.parameters()).device)
+    ids, mask = distill.right_padded(seqs, next(model.parameters()).device)
     return model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
 
 
@@ -283,19 +274,15 @@ def _load(role: str, source: str, options: dict, config: TrainConfig):
 
 def _prompt_examples(target, config: TrainConfig) -> list:
     """The distill prompts (its GENERATE_FROM sources in order), as rendered for the benchmark."""
-    from specbench.drafters.distill import GENERATE_FROM, _examples
-
     chosen = []
-    for task, split in GENERATE_FROM:
-        chosen += _examples(task, split, config.data_dir)[: config.prompts - len(chosen)]
+    for task, split in distill.GENERATE_FROM:
+        chosen += distill._examples(task, split, config.data_dir)[: config.prompts - len(chosen)]
     return chosen
 
 
 def target_responses(target, config: TrainConfig, progress) -> list[Example]:
     """(x, Y) pairs: distill's cached greedy responses when it cached them for this target and length
     cap, else generated here (batched, greedy) and cached under the specdecpp cache."""
-    from specbench.drafters import distill
-
     if not config.target_options:
         teacher = distill.TeacherConfig(
             config.target, max_new_tokens=config.max_new_tokens, data_dir=config.data_dir
@@ -328,8 +315,6 @@ def _subset(n: int, k: int, seed: int) -> list[int]:
 @torch.inference_mode()
 def generate_responses(target, prompts: list[torch.Tensor], config: TrainConfig, progress) -> list[Example]:
     """Greedy responses (EOS included, cut at ``max_new_tokens``), batched with left padding."""
-    from specbench.drafters import distill
-
     eos = set(target.eos_token_ids())
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else min(eos)
     out: list[Example | None] = [None] * len(prompts)
@@ -362,8 +347,6 @@ def split(n: int, eval_fraction: float, seed: int) -> tuple[list[int], list[int]
 
 def train(config: TrainConfig, progress) -> Path:
     """Build (or read) the features and labels, train the head, evaluate it, save it; returns its folder."""
-    from specbench.drafters import distill
-
     started = time.perf_counter()
     fingerprint = distill._data_fingerprint(config.data_dir)
     cached = (
