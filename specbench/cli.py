@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from specbench.errors import SpecbenchError
 
@@ -33,7 +34,8 @@ def user_errors(command):
         try:
             return command(*args, **kwargs)
         except SpecbenchError as error:
-            err.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
+            # the message is plain text: a "[/x]" in a path or "[a, b]" in a hint is not markup
+            err.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             err.print("interrupted — finished rows are saved; re-run with --resume to continue")

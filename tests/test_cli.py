@@ -90,6 +90,21 @@ def test_bad_recipe_is_one_line_exit_2(tmp_path: Path):
     assert "bad.yaml" in message and "beams" in message and "fix:" in message
 
 
+def test_error_text_is_printed_verbatim_not_as_markup(tmp_path: Path):
+    missing = tmp_path / "[bold]" / "[/x]" / "nope.yaml"  # Rich read these as tags (a MarkupError)
+    result = runner.invoke(app, ["run", str(missing)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "[bold]/[/x]/nope.yaml" in result.output
+
+
+def test_list_hint_keeps_its_brackets(tmp_path: Path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(TINY.read_text().replace("datasets:", "datasets: {task: arithmetic}\nunused:"))
+    result = runner.invoke(app, ["run", str(bad), "--output-dir", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert "write [a, b] or one '- item' per line" in " ".join(result.output.split())
+
+
 def test_missing_recipe_file(tmp_path: Path):
     result = runner.invoke(app, ["run", str(tmp_path / "nope.yaml")])
     assert result.exit_code == 2 and "nope.yaml" in result.output and "Traceback" not in result.output
