@@ -104,6 +104,9 @@ class Method:
     lossless: Callable[[dict], bool] = never
     # why the target cannot be replayed from its AR output, when the method runs the target itself
     no_replay: str | None = None
+    # bumped when the algorithm's outputs or counts change for the same parameters: above 1 it enters
+    # the cells' fingerprints, so a resumed run recomputes those rows instead of mixing two versions
+    revision: int = 1
 
 
 def given_params(spec) -> set[str]:

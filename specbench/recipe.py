@@ -287,6 +287,8 @@ class Cell:
         }
         if self.drafters:  # only cascades carry the key, so other cells keep their fingerprints
             payload["drafters"] = [recipe.models[name].model_dump(mode="json") for name in self.drafters]
+        if METHODS[self.method].revision > 1:
+            payload["revision"] = METHODS[self.method].revision
         if self.replay:  # same counts and outputs, but the walltime of replayed rows is not measured
             payload["replay"] = True
         canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)

@@ -32,6 +32,7 @@ from specbench.decoding.sampling import SamplingParams
 from specbench.drafters.maxgram import MaxGramDrafter
 from specbench.errors import SpecbenchError
 from specbench.methods import METHODS, Request
+from specbench.models.base import Draft, ForwardCounter
 from specbench.models.hf import HFModel
 from specbench.recipe import parse_recipe
 
@@ -88,7 +89,7 @@ def run_cascade(weights, kind, seed, roles, K, *, max_new_tokens, convention="cu
     return METHODS["cs_drafting"].run(params, target, [*drafters, MaxGramDrafter("mag")], request)
 
 
-def check_invariants(gen, *, kind, prompt, n_drafters, max_new_tokens) -> None:
+def check_invariants(gen, *, kind, prompt, n_drafters, max_new_tokens, mag_tail: int = 10) -> None:
     """One target pass per target review, one drafter pass per review by that drafter (no drafter
     ever runs an autoregressive loop), drafts within what max_new_tokens allows."""
     generated = 0
@@ -105,10 +106,11 @@ def check_invariants(gen, *, kind, prompt, n_drafters, max_new_tokens) -> None:
     for name in names:
         assert gen.forwards[name]["forward_passes"] == len(gen.inner_steps[name])
         assert all(0 <= a <= d for d, a in gen.inner_steps[name])
-    # Max-Gram drafts for the smallest drafter's reviews and, as the horizontal tail, at most once
-    # more per review of any level (never when no draft fits)
+    # Max-Gram drafts once for each of the smallest drafter's reviews and, in its column of K, while a
+    # level's draft is shorter than its budget: every call adds a token, so at most mag_tail calls per
+    # review of any level (never when no draft fits)
     reviews = len(gen.steps) + sum(len(v) for v in gen.inner_steps.values())
-    assert gen.forwards["mag"]["forward_passes"] <= len(gen.inner_steps[names[-1]]) + reviews
+    assert gen.forwards["mag"]["forward_passes"] <= len(gen.inner_steps[names[-1]]) + reviews * mag_tail
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -132,13 +134,15 @@ def test_greedy_cascade_matches_target_greedy(kind, weights):
                 convention=convention,
                 lenience=lenience,
                 reference_compat=compat,
-                mag_tail=(0, 3, 10)[(seed + index) % 3],
+                mag_tail=(tail := (0, 3, 10)[(seed + index) % 3]),
                 mag_lenience=bool(seed % 2),
             )
             assert gen.tokens == expected.tokens, f"seed={seed} {roles} K={K} l={lenience} compat={compat}"
             assert not gen.stopped_by_eos
             assert sum(a + 1 for _, a in gen.steps) == len(gen.tokens) == max_new
-            check_invariants(gen, kind=kind, prompt=prompt, n_drafters=len(roles), max_new_tokens=max_new)
+            check_invariants(
+                gen, kind=kind, prompt=prompt, n_drafters=len(roles), max_new_tokens=max_new, mag_tail=tail
+            )
             stats["overshoot"] += any(d > K[0][-1] for d, _ in gen.steps)
             stats["partial"] += any(0 < a < d for d, a in gen.steps)
             stats["rejected_first"] += any(d > 0 and a == 0 for d, a in gen.steps)
@@ -548,3 +552,67 @@ def test_cli_runs_the_tiny_cascade_recipe(tmp_path: Path):
         assert row["swi_pw"] == pytest.approx(row["generated_tokens"] / spent)
     report = runner.invoke(app, ["report", str(out), "--format", "csv"])
     assert report.exit_code == 0 and "d1+d2+mag" in report.output and '"[[2,4],[0,3]]"' in report.output
+
+
+class OracleMag:
+    """A statistical drafter that proposes the target's own greedy continuation: every draft is
+    accepted, so a drafter's blocks overshoot their budget as far as they can."""
+
+    name, num_parameters = "mag", 0
+
+    def __init__(self, continuation: list[int]):
+        self.continuation = torch.tensor(continuation)
+        self.counter = ForwardCounter()
+
+    def start(self, prompt_ids: torch.Tensor) -> None:
+        pass
+
+    def rollback(self, n_tokens: int) -> None:
+        pass
+
+    def propose(self, tokens, k, sampling, generator) -> Draft:
+        if k == 0:
+            return Draft(tokens[:0], None)
+        self.counter.forward_passes += 1
+        return Draft(self.continuation[tokens.shape[0] : tokens.shape[0] + k], None)
+
+
+@pytest.mark.parametrize(
+    ("mag_tokens", "mag_tail", "steps", "d1_steps", "mag_calls"),
+    [
+        # Hand-traced, K = [[1]], max_new_tokens 12, every draft accepted. MaG drafts 3 tokens for d1,
+        # d1 keeps them and adds one: 4 tokens, past Max-Gram's budget K + mag_tail = 3, so MaG's column
+        # is skipped and the target reviews 4 (5 tokens a step). At generated = 10 only one token is left
+        # to draft: d1 reviews an empty draft and writes 1 (its MaG level has no room).
+        (3, 2, [(4, 4), (4, 4), (1, 1)], [(3, 3), (3, 3), (0, 0)], 2),
+        # MaG drafts 1 token for d1 (2 tokens: 1 short of the budget 1 + 3 = 4), then, 1 token a call,
+        # twice more in its column: 4 drafts, 5 tokens a step; at generated = 10 one token is left.
+        (1, 3, [(4, 4), (4, 4), (1, 1)], [(1, 1), (1, 1), (0, 0)], 2 * 3),
+        # mag_tail 0: no MaG column, d1's 2 tokens (3 a step) are the whole draft
+        (1, 0, [(2, 2), (2, 2), (2, 2), (2, 2)], [(1, 1)] * 4, 4),
+    ],
+)
+def test_max_gram_drafts_only_within_its_column_budget(
+    weights, mag_tokens, mag_tail, steps, d1_steps, mag_calls
+):
+    """CS Drafting's Algorithm 1 / the reference's horizontal loop: Max-Gram is K's last column and runs
+    only while a level's draft is shorter than K[r][n-1] + mag_tail (lfsszd/CS-Drafting, csd.py)."""
+    prompt = prompt_for(0)
+    target = HFModel(weights("tiny-llama", 0, "target"), "target")
+    expected = autoregressive.generate(target, prompt, max_new_tokens=12).tokens
+    d1 = HFModel(weights("tiny-llama", 0, "twin"), "d1")  # the target's weights: accepts every draft
+    gen = cascade_drafting.generate(
+        target,
+        [d1],
+        OracleMag(expected),
+        prompt,
+        K=[[1]],
+        max_new_tokens=12,
+        mag_tokens=mag_tokens,
+        mag_tail=mag_tail,
+    )
+    assert gen.tokens == expected
+    assert gen.steps == steps and gen.inner_steps["d1"] == d1_steps
+    assert gen.forwards["target"]["forward_passes"] == len(steps)
+    assert gen.forwards["d1"]["forward_passes"] == len(d1_steps)
+    assert gen.forwards["mag"]["forward_passes"] == mag_calls

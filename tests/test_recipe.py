@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from pathlib import Path
 
@@ -192,6 +193,14 @@ def test_fingerprint_changes_with_what_changes_a_cells_outputs(tmp_path):
     for data in relevant:
         assert fingerprints(tmp_path, data)["sd[k=1]"] != base["sd[k=1]"]
     assert base["sd[k=1]"] != base["sd[k=4]"]
+
+
+def test_a_methods_revision_renews_only_its_own_cells_fingerprints(tmp_path, monkeypatch):
+    base = fingerprints(tmp_path, BASE)
+    monkeypatch.setitem(METHODS, "speculative", dataclasses.replace(METHODS["speculative"], revision=2))
+    revised = fingerprints(tmp_path, BASE)
+    assert revised["ar"] == base["ar"]
+    assert all(revised[cell] != base[cell] for cell in base if cell != "ar")
 
 
 # -- bad input ---------------------------------------------------------------------------------

@@ -15,17 +15,20 @@ k_(r+1)(c+1)). The reference code stores increments instead (its K[0][1] is k12 
     for c = r .. n-1:                            # horizontal cascade (Sec. 3.2)
         while len(x) < min(K[r][c], room):
             x += block of M_d(c+1)               # vertical cascade (Sec. 3.1)
-    x += min(mag_tail, room - len(x)) MaG tokens  # "stops after the statistical model finishes"
+    while len(x) < min(K[r][n-1] + mag_tail, room):
+        x += min(mag_tokens, room - len(x)) MaG tokens   # MaG, the last column
     reviewer r scores x in ONE forward pass, keeps an accepted prefix and adds one token
 
 A block of M_d(c+1) is M_d(c+1) reviewing the draft of its own level (room: room - len(x) - 1), so
 it adds accepted + 1 tokens; the level of M_dn drafts min(mag_tokens, room) MaG tokens (the reference
-always takes 10). ``mag_tail`` is the reference code's Max-Gram column of K (10 there): Algorithm
-1's horizontal loop runs over every drafter, MaG last, so every level's draft ends with MaG tokens
-that no neural drafter reviewed (0 switches the tail off). Budgets K may therefore be overshot, as
-in the reference code; ``room`` never is: the target's draft holds at most
-max_new_tokens - generated - 1 tokens (its own +1 must fit), so the output never exceeds
-max_new_tokens and no model scores a position past it.
+always takes 10). ``mag_tail`` is the budget of the reference code's Max-Gram column of K (10 there):
+Algorithm 1's horizontal loop runs over every drafter, MaG last, with the same rule as every other
+column (lfsszd/CS-Drafting, csd.py: ``while len(draft) < sum(ks[:i + 1])``). So MaG tokens that no
+neural drafter reviewed end a level's draft only while it is shorter than K[r][n-1] + mag_tail; neural
+blocks that overshoot that budget skip MaG (0 switches MaG's column off). Budgets K may therefore be
+overshot, as in the reference code; ``room`` never is (the reference has no such cap and drafts past
+max_length): the target's draft holds at most max_new_tokens - generated - 1 tokens (its own +1 must
+fit), so the output never exceeds max_new_tokens and no model scores a position past it.
 
 Lenience l >= 1 (Sec. 3.1, CS convention of ``acceptance``) loosens every review but the target's,
 which is strict (``mag_lenience=False`` also keeps M_dn's review of MaG's drafts strict, as the
@@ -151,11 +154,17 @@ def generate(
                 qs.append(rows)
                 last = (d, p_accepted)
                 d += m
-        if mag_tail and d < room:  # the horizontal cascade ends with the statistical drafter
-            x = mag.propose(out[: g + d], min(mag_tail, room - d), sampling, generator)
+        # Max-Gram is the last column of the horizontal cascade, with its own budget: it drafts only
+        # while the level's draft is shorter than K[r][n-1] + mag_tail, so neural blocks that already
+        # overshot that budget leave no room for it (the reference's loop over every column of K)
+        budget = min(K[r][n - 1] + mag_tail, room) if mag_tail else 0
+        while d < budget:
+            x = mag.propose(out[: g + d], min(mag_tokens, room - d), sampling, generator)
+            if not len(x):
+                break
             out[g + d : g + d + len(x)] = x.tokens
             qs.append(_one_hot(x.tokens, qs[-1]))
-            d, last = d + len(x), (None if len(x) else last)
+            d, last = d + len(x), None
         return d, (torch.cat(qs) if qs else None), last
 
     def review(r: int, g: int, room: int):
@@ -328,7 +337,7 @@ METHODS = (
             "mag_tail": ParamSpec(
                 int,
                 10,
-                "Max-Gram tokens ending every level's draft (the reference's Max-Gram K column); 0: off",
+                "budget of Max-Gram's column of K: it drafts while a level's draft is < K[r][-1] + mag_tail",
                 0,
                 64,
             ),
@@ -345,5 +354,7 @@ METHODS = (
         check=_check_K,
         # the lenience loosens only the drafters' reviews; the target's stays strict
         lossless=always,
+        # 2: Max-Gram drafts within its column's budget K[r][n-1] + mag_tail (before: always mag_tail more)
+        revision=2,
     ),
 )
