@@ -247,3 +247,92 @@ def test_bigram_build_command_and_maxgram_source_with_a_bigram_fill(tmp_path):
         registry.load(registry.ModelRequest("mag", "maxgram", options=(("bigram", str(tmp_path / "no")),)))
     with pytest.raises(SpecbenchError, match="takes no option 'colour'"):
         registry.load(registry.ModelRequest("mag", "maxgram", options=(("colour", 1),)))
+
+
+# -- the reference code's Max-Gram (variant: reference) -------------------------------------------
+
+
+def reference_table() -> torch.Tensor:
+    """next_token[v] = v except 0 -> 0 (as CS Drafting's T5 table), 5 -> 7 and 7 -> 8."""
+    table = torch.arange(50)
+    table[5], table[7] = 7, 8
+    return table
+
+
+@pytest.mark.parametrize(
+    ("prompt", "generated", "k", "decoder_start", "draft", "quirk"),
+    [
+        # decoder-only, empty generation: the prompt stands twice in the corpus and matches itself at
+        # its start, so the draft is the prompt's head
+        ([1, *range(10, 21)], [], 5, None, [1, 10, 11, 12, 13], "duplicated prompt"),
+        # a suffix matched at the prompt's end continues into its start
+        ([1, *range(10, 21)], [19], 5, None, [20, 1, 10, 11, 12], "copy wraps into the prompt"),
+        # the first copy out of the generation stops one token early ([4]); the second search, in the
+        # doubled extended sequence, adds [3, 1]: 3 tokens for k = 2
+        ([1, 2], [3, 4, 3], 2, None, [4, 3, 1], "second search, longer than k"),
+        (
+            [1, *range(10, 21)],
+            [30, 31, 32, 33, 30, 31, 32],
+            5,
+            None,
+            [33, 30, 31, 32, 33, 30, 1, 10],
+            "2k - 2",
+        ),
+        # nothing to copy: the greedy bigram chain from the last token fills exactly k
+        ([5], [], 3, None, [7, 8, 8], "bigram fill"),
+        # encoder-decoder: the decoder start token 0 is the query; it is not in the encoder input, and
+        # the table maps 0 to 0, so the first draft is k decoder-start tokens
+        ([4, 9, 1], [], 3, 0, [0, 0, 0], "T5 first draft"),
+        # ... and from the second search on the decoder start is in the corpus
+        ([4, 9, 1], [2, 0, 2], 3, 0, [0, 2, 0, 2], "T5 decoder start in the corpus"),
+    ],
+)
+def test_reference_maxgram_hand_derived_quirks(prompt, generated, k, decoder_start, draft, quirk):
+    from specbench.drafters.reference_maxgram import ReferenceMaxGramDrafter
+
+    drafter = ReferenceMaxGramDrafter(BigramTable(reference_table()), decoder_start=decoder_start)
+    drafter.start(torch.tensor(prompt))
+    tokens = torch.tensor(generated, dtype=torch.long)
+    full = drafter.propose(tokens, k, SamplingParams(), None, limit=100)
+    assert full.tokens.tolist() == draft, quirk
+    assert full.q is None and drafter.counter.forward_passes == 1
+    assert drafter.propose(tokens, k, SamplingParams(), None).tokens.tolist() == draft[:k]  # no limit: <= k
+    assert drafter.propose(tokens, 0, SamplingParams(), None).tokens.tolist() == []
+
+
+def test_reference_search_is_the_longest_suffix_leftmost_in_corpus_plus_query():
+    from specbench.drafters.reference_maxgram import reference_search
+
+    corpus, query = torch.tensor([7, 1, 2, 9, 1, 2, 3]), torch.tensor([5, 1, 2])
+    assert reference_search(query, corpus, 3).tolist() == [9, 1, 2]  # "1 2" at 1, not at 4
+    assert reference_search(torch.tensor([5, 6]), corpus, 3) is None  # 6 is nowhere
+    assert reference_search(torch.tensor([3]), corpus, 3).tolist() == []  # found at the corpus' end
+
+
+def test_cascade_with_the_reference_maxgram_is_lossless(tmp_path):
+    from specbench.decoding import cascade_drafting
+    from specbench.drafters.reference_maxgram import ReferenceMaxGramDrafter
+    from specbench.models import registry
+
+    model, _ = build_tiny("tiny-llama", dtype=torch.float64, vocab_size=32, init_std=0.5)
+    small, _ = build_tiny("tiny-llama", dtype=torch.float64, vocab_size=32, init_std=0.5, seed=1)
+    target, drafter = HFModel(model, "target"), HFModel(small, "d1")
+    prompt = torch.tensor([3, 4, 5, 6] * 3 + [7])
+    expected = autoregressive.generate(target, prompt, max_new_tokens=30).tokens
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(list(range(1, 32)) + [0]))
+    options = (("bigram", str(path)), ("variant", "reference"))
+    mag = registry.load(registry.ModelRequest("mag", "maxgram", options=options))
+    assert isinstance(mag, ReferenceMaxGramDrafter)
+    for K in ([[1]], [[4]]):
+        gen = cascade_drafting.generate(target, [drafter], mag, prompt, K=K, max_new_tokens=30)
+        assert gen.tokens == expected
+        assert all(d <= 30 - sum(a + 1 for _, a in gen.steps[:i]) - 1 for i, (d, _) in enumerate(gen.steps))
+    for bad, problem in (
+        ((("variant", "paper"),), "unknown Max-Gram variant"),
+        ((("variant", "reference"),), "fills with a bigram table"),
+        ((("variant", "reference"), ("bigram", str(path)), ("max_copy", 3)), "has no max_copy"),
+        ((("bigram", str(path)), ("decoder_start", 0)), "belongs to the reference"),
+    ):
+        with pytest.raises(SpecbenchError, match=problem):
+            registry.load(registry.ModelRequest("mag", "maxgram", options=bad))

@@ -138,13 +138,17 @@ def generate(
         for model in everyone:
             model.rollback(length)
 
+    def past_k(room: int) -> dict:
+        # the reference Max-Gram's drafts run past k (up to 2k - 1 tokens): take them while they fit
+        return {"limit": room} if getattr(mag, "drafts_past_k", False) else {}
+
     def draft(r: int, g: int, room: int):
         """Level r's draft written to out[g : g + d], d <= room: (d, q rows or None for one-hot, last
         block as (offset, its reviewer's rows at its accepted tokens) for ``reference_compat``)."""
         if r == n:  # the statistical drafter alone
             if room == 0:
                 return 0, None, None
-            x = mag.propose(out[:g], min(mag_tokens, room), sampling, generator)
+            x = mag.propose(out[:g], min(mag_tokens, room), sampling, generator, **past_k(room))
             out[g : g + len(x)] = x.tokens
             return len(x), None, None
         d, qs, last = 0, [], None
@@ -159,7 +163,7 @@ def generate(
         # overshot that budget leave no room for it (the reference's loop over every column of K)
         budget = min(K[r][n - 1] + mag_tail, room) if mag_tail else 0
         while d < budget:
-            x = mag.propose(out[: g + d], min(mag_tokens, room - d), sampling, generator)
+            x = mag.propose(out[: g + d], min(mag_tokens, room - d), sampling, generator, **past_k(room - d))
             if not len(x):
                 break
             out[g + d : g + d + len(x)] = x.tokens

@@ -57,13 +57,15 @@ DTYPES = {
 # The options each kind of source passes to its loader (recipe ``options:``); any other is an error,
 # never silently dropped.
 SOURCE_OPTIONS = {
-    "statistical": ("max_ngram", "max_copy", "bigram"),
+    "statistical": ("max_ngram", "max_copy", "bigram", "variant", "decoder_start"),
     "tiny": ("seed", "vocab_size", "hidden_size", "layers", "heads", "init_std"),
     "smollm2": ("prefer",),
     "early-exit": ("of", "layers", "exit_head"),
     "pretrained": (),  # distilled drafters, .gguf files, local directories and hub ids
 }
 SMOLLM2_PREFER = ("auto", "hub", "gguf")
+# specbench: Max-Gram as the paper describes it; reference: as the authors' code runs it
+MAXGRAM_VARIANTS = ("specbench", "reference")
 
 
 def source_kind(source: str) -> str:
@@ -212,27 +214,73 @@ def _load_statistical(request: ModelRequest):
     """Prompt lookup / Max-Gram; ``options.bigram`` (a table file) gives CS Drafting's Max-Gram with
     the greedy bigram fill, copying at most ``max_copy`` (default 10) tokens."""
     opts = dict(request.opts)
-    unknown = sorted(set(opts) - {"max_ngram", "max_copy", "bigram"})
+    where = f"models.{request.name}.options"
+    unknown = sorted(set(opts) - set(SOURCE_OPTIONS["statistical"]))
     if unknown:
         raise SpecbenchError(
-            f"models.{request.name}.options.{unknown[0]}",
+            f"{where}.{unknown[0]}",
             f"{request.source} takes no option {unknown[0]!r}",
-            "use max_ngram, max_copy or bigram (a bigram table file)",
+            "use max_ngram, max_copy, bigram (a bigram table file), variant or decoder_start",
+        )
+    variant = opts.get("variant", "specbench")
+    if variant not in MAXGRAM_VARIANTS:
+        raise SpecbenchError(
+            f"{where}.variant", f"unknown Max-Gram variant {variant!r}", "use specbench or reference"
+        )
+    if variant == "reference":
+        return _load_reference_maxgram(request, opts, where)
+    if "decoder_start" in opts:
+        raise SpecbenchError(
+            f"{where}.decoder_start",
+            "decoder_start belongs to the reference Max-Gram",
+            "add variant: reference",
         )
     if "bigram" in opts:
         from specbench.drafters.bigram import BigramTable, cs_drafting_maxgram
 
-        path = Path(str(opts["bigram"])).expanduser()
-        if str(opts["bigram"]).startswith(DISTILLED_PREFIX):
-            path = distilled_dir(str(opts["bigram"]).removeprefix(DISTILLED_PREFIX)) / BIGRAM_FILE
-        if not path.is_file():
-            raise SpecbenchError(
-                f"models.{request.name}.options.bigram",
-                f"no bigram table at {path}",
-                "build one with `specbench bigram build` (make drafts builds the SmolLM2 one)",
-            )
+        path = _bigram_path(request, opts["bigram"])
         return cs_drafting_maxgram(BigramTable.load(path), opts.get("max_copy", 10), request.name)
     return MaxGramDrafter(request.name, max_ngram=opts.get("max_ngram"), max_copy=opts.get("max_copy"))
+
+
+def _bigram_path(request: ModelRequest, value) -> Path:
+    path = Path(str(value)).expanduser()
+    if str(value).startswith(DISTILLED_PREFIX):
+        path = distilled_dir(str(value).removeprefix(DISTILLED_PREFIX)) / BIGRAM_FILE
+    if not path.is_file():
+        raise SpecbenchError(
+            f"models.{request.name}.options.bigram",
+            f"no bigram table at {path}",
+            "build one with `specbench bigram build` (make drafts builds the SmolLM2 one)",
+        )
+    return path
+
+
+def _load_reference_maxgram(request: ModelRequest, opts: dict, where: str):
+    """The CS Drafting authors' Max-Gram (specbench.drafters.reference_maxgram)."""
+    from specbench.drafters.bigram import BigramTable
+    from specbench.drafters.reference_maxgram import ReferenceMaxGramDrafter
+
+    for name in ("max_ngram", "max_copy"):
+        if name in opts:
+            raise SpecbenchError(
+                f"{where}.{name}",
+                f"the reference Max-Gram has no {name}",
+                f"remove {name} (or use variant: specbench)",
+            )
+    if "bigram" not in opts:
+        raise SpecbenchError(
+            f"{where}.bigram", "the reference Max-Gram fills with a bigram table", "add bigram: TABLE"
+        )
+    start = opts.get("decoder_start")
+    if start is not None and (type(start) is not int or start < 0):
+        raise SpecbenchError(
+            f"{where}.decoder_start",
+            f"{start!r} is not a token id",
+            "give the decoder start token id (FLAN-T5: 0)",
+        )
+    table = BigramTable.load(_bigram_path(request, opts["bigram"]))
+    return ReferenceMaxGramDrafter(table, request.name, decoder_start=start)
 
 
 def distilled_dir(name: str) -> Path:
