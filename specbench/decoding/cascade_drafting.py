@@ -21,7 +21,8 @@ k_(r+1)(c+1)). The reference code stores increments instead (its K[0][1] is k12 
 
 A block of M_d(c+1) is M_d(c+1) reviewing the draft of its own level (room: room - len(x) - 1), so
 it adds accepted + 1 tokens; the level of M_dn drafts min(mag_tokens, room) MaG tokens (the reference
-always takes 10). ``mag_tail`` is the budget of the reference code's Max-Gram column of K (10 there):
+always asks for 10; its Max-Gram, ``variant: reference``, returns 10 to 19, which are taken while they
+fit in room). ``mag_tail`` is the budget of the reference code's Max-Gram column of K (10 there):
 Algorithm 1's horizontal loop runs over every drafter, MaG last, with the same rule as every other
 column (lfsszd/CS-Drafting, csd.py: ``while len(draft) < sum(ks[:i + 1])``). So MaG tokens that no
 neural drafter reviewed end a level's draft only while it is shorter than K[r][n-1] + mag_tail; neural
