@@ -60,15 +60,15 @@ drafts-exit: install
 	$(BIN)/specbench distill --target smollm2-135m-instruct --size exit4 --data-dir $(DATA_DIR)
 
 ## reproduce-table2: CS Drafting Table 2 (and Table 5's settings) on FLAN-T5-XXL, ours beside the paper.
-## Needs a GPU box with Hugging Face Hub access (FLAN-T5-XXL, ~45 GB in float32) and ../shared for the
-## T5 bigram table; run from the repository root. Resumes, so an interrupted run continues.
+## Needs a GPU box with Hugging Face Hub access (FLAN-T5-XXL, ~45 GB in float32) and the T5 bigram table
+## published with CS Drafting under DATA_DIR/cs_drafting_bigram/; run from the repository root. Resumes, so an interrupted run continues.
 reproduce-table2: install
-	$(BIN)/specbench run recipes/cs_drafting/table2_flan_t5.yaml --output-dir results/cs_drafting/table2_flan_t5 --resume
+	SPECBENCH_DATA_DIR=$(DATA_DIR) $(BIN)/specbench run recipes/cs_drafting/table2_flan_t5.yaml --output-dir results/cs_drafting/table2_flan_t5 --resume
 	$(BIN)/specbench report results/cs_drafting/table2_flan_t5 --paper cs-drafting-table2
 
 ## reproduce-table2-tiny: the same pipeline on tiny random T5 models (CPU, about a minute): plumbing only.
 reproduce-table2-tiny: install
-	$(BIN)/specbench run recipes/cs_drafting/table2_flan_t5-tiny.yaml --output-dir results/cs_drafting/table2_flan_t5-tiny --resume
+	SPECBENCH_DATA_DIR=$(DATA_DIR) $(BIN)/specbench run recipes/cs_drafting/table2_flan_t5-tiny.yaml --output-dir results/cs_drafting/table2_flan_t5-tiny --resume
 	$(BIN)/specbench report results/cs_drafting/table2_flan_t5-tiny --paper cs-drafting-table2
 
 ## bench: our speculative decoding vs HF assisted generation, same model, prompts and k.

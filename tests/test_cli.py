@@ -195,6 +195,24 @@ def test_hub_dataset_offline_names_recipe_and_field(tmp_path: Path, monkeypatch)
     assert result.exit_code == 2 and "data.yaml: datasets[0]" in message and "SPECBENCH_DATA_DIR" in message
 
 
+def test_a_missing_bigram_table_fails_before_the_first_cell(tmp_path: Path, monkeypatch):
+    """Statistical drafters load before any cell runs: a bad table path costs seconds, not a run."""
+    monkeypatch.delenv("SPECBENCH_NO_SUCH_DIR", raising=False)
+    recipe = tmp_path / "mag.yaml"
+    recipe.write_text(
+        TINY.read_text().replace(
+            "  lookup:\n    source: prompt-lookup\n",
+            "  lookup:\n    source: maxgram\n    options: {bigram: $SPECBENCH_NO_SUCH_DIR/t.json}\n",
+        )
+    )
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["run", str(recipe), "--output-dir", str(out)])
+    message = " ".join(result.output.split())
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "mag.yaml: models.lookup.options.bigram" in message and "$SPECBENCH_NO_SUCH_DIR" in message
+    assert not (out / "examples.jsonl").exists()  # not one cell ran
+
+
 def test_theory_table1_prints_ours_beside_the_paper():
     result = runner.invoke(app, ["theory", "table1", "--steps", "2000"])
     assert result.exit_code == 0, result.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -19,7 +20,8 @@ from specbench.models.tiny import build_tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: 1 intra-op thread, restored after
 
-DATA = Path("/work/shared/data/cs_drafting_bigram")
+DATA = Path(os.environ.get("SPECBENCH_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data")
+DATA = DATA / "cs_drafting_bigram"
 # a toy table over V = 10: next_token[v] = (v + 1) % 10, so chains are easy to write by hand
 SUCCESSOR = BigramTable(torch.tensor([1, 2, 3, 4, 5, 6, 7, 8, 9, 0]))
 
@@ -247,6 +249,23 @@ def test_bigram_build_command_and_maxgram_source_with_a_bigram_fill(tmp_path):
         registry.load(registry.ModelRequest("mag", "maxgram", options=(("bigram", str(tmp_path / "no")),)))
     with pytest.raises(SpecbenchError, match="takes no option 'colour'"):
         registry.load(registry.ModelRequest("mag", "maxgram", options=(("colour", 1),)))
+
+
+def test_bigram_path_expands_environment_variables(tmp_path, monkeypatch):
+    from specbench.models import registry
+
+    BigramTable(torch.tensor([1, 2, 0])).save(tmp_path / "t.json")
+
+    def load(path):
+        return registry.load(registry.ModelRequest("mag", "maxgram", options=(("bigram", path),)))
+
+    monkeypatch.setenv("SPECBENCH_TEST_TABLES", str(tmp_path))
+    assert load("$SPECBENCH_TEST_TABLES/t.json").fill.table.next_token.tolist() == [1, 2, 0]
+    assert load("${SPECBENCH_TEST_TABLES}/t.json").fill is not None
+    monkeypatch.delenv("SPECBENCH_TEST_TABLES")
+    with pytest.raises(SpecbenchError, match=r"names \$SPECBENCH_TEST_TABLES, which is not set") as error:
+        load("$SPECBENCH_TEST_TABLES/t.json")
+    assert error.value.where == "models.mag.options.bigram" and "export SPECBENCH_TEST_TABLES" in error.value.fix
 
 
 # -- the reference code's Max-Gram (variant: reference) -------------------------------------------

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -244,7 +245,16 @@ def _load_statistical(request: ModelRequest):
 
 
 def _bigram_path(request: ModelRequest, value) -> Path:
-    path = Path(str(value)).expanduser()
+    """The bigram table file: ``distilled:NAME``, or a path where ``~`` and ``$VARIABLES`` expand
+    (recipes name published tables as ``$SPECBENCH_DATA_DIR/cs_drafting_bigram/...``)."""
+    unset = [name for name in re.findall(r"\$\{?(\w+)", str(value)) if name not in os.environ]
+    if unset:
+        raise SpecbenchError(
+            f"models.{request.name}.options.bigram",
+            f"{value} names ${unset[0]}, which is not set",
+            f"set {unset[0]} (e.g. export {unset[0]}=/path/to/data), or give the table's path",
+        )
+    path = Path(os.path.expandvars(str(value))).expanduser()
     if str(value).startswith(DISTILLED_PREFIX):
         path = distilled_dir(str(value).removeprefix(DISTILLED_PREFIX)) / BIGRAM_FILE
     if not path.is_file():

@@ -164,6 +164,11 @@ class Runner:
         plan = [
             (dataset, sorted(cells, key=lambda c: c.method != "autoregressive")) for dataset, cells in plan
         ]
+        # statistical drafters load in milliseconds: load them now, so that a missing bigram table
+        # fails the run before its first cell, not after hours of others
+        for name in sorted({name for _, cells in plan for cell in cells for name in _drafter_names(cell)}):
+            if registry.source_kind(recipe.models[name].source) == "statistical":
+                self.model(name)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(self.output_dir / RESOLVED_RECIPE, yaml.safe_dump(recipe.resolved(), sort_keys=False))
         done = self.log.done
