@@ -10,7 +10,10 @@ import sys
 import time
 from pathlib import Path
 
-from specbench.pipeline.results import ExampleLog
+import pytest
+
+from specbench.errors import SpecbenchError
+from specbench.pipeline.results import REJECTED, ExampleLog
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,10 +56,37 @@ def test_kill_then_resume(tmp_path: Path):
     assert {r["key"]: r["output_ids"] for r in resumed} == by_key  # nothing lost, same outputs
 
 
-def test_partial_line_is_trimmed(tmp_path: Path):
+def test_a_torn_last_line_is_named_by_readers_and_repaired_by_a_resume(tmp_path: Path):
     path = tmp_path / "examples.jsonl"
     path.write_bytes(b'{"key": "a"}\n{"key": "b"}\n{"key": "c", "tru')
-    log = ExampleLog(path)
-    assert [r["key"] for r in log.rows] == ["a", "b"]
+    with pytest.raises(SpecbenchError, match=r"examples.jsonl: line 3: is cut short .*--resume"):
+        ExampleLog(path)  # a reader (plot, paper views) never drops it unsaid
+    assert path.read_bytes().endswith(b'"tru')  # and changes nothing
+    log = ExampleLog(path, repair=True)
+    assert [r["key"] for r in log.rows] == ["a", "b"] and [b.number for b in log.rejected] == [3]
     log.append({"key": "c"})
     assert [r["key"] for r in _rows(path)] == ["a", "b", "c"]
+    assert (
+        tmp_path / REJECTED
+    ).read_bytes() == b'# line 3: is cut short (no newline: a killed write)\n{"key": "c", "tru\n'
+
+
+@pytest.mark.parametrize(
+    "middle, why",
+    [
+        (b'{"key": "x", "output_ids": [1, 2', "is not a JSON row"),  # torn, then a newline
+        (b"\xff\xfe garbage", "is not a JSON row"),  # not UTF-8
+        (b"[1, 2, 3]", "is JSON but not a result row"),
+        (b'{"no_key": 1}', "is JSON but not a result row"),
+        (b'{"key": "a", "again": true}', "repeats the row of line 1"),  # two writers, one key
+    ],
+)
+def test_a_bad_middle_line_is_never_parsed_as_a_row(tmp_path: Path, middle: bytes, why: str):
+    path = tmp_path / "examples.jsonl"
+    path.write_bytes(b'{"key": "a"}\n' + middle + b'\n{"key": "b"}\n')
+    with pytest.raises(SpecbenchError, match=f"line 2: {why}"):
+        ExampleLog(path)
+    log = ExampleLog(path, repair=True)
+    assert [r["key"] for r in log.rows] == ["a", "b"] and [b.number for b in log.rejected] == [2]
+    assert [r["key"] for r in _rows(path)] == ["a", "b"]  # the file holds rows only
+    assert middle in (tmp_path / REJECTED).read_bytes()  # kept verbatim for inspection

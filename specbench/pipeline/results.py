@@ -3,24 +3,38 @@
     examples.jsonl         one JSON line per (cell, example), keyed by a content hash
     cells.csv              one tidy row per (dataset, cell), recomputed from examples.jsonl
     resolved_recipe.yaml   the recipe with every default filled in
-    environment.json       versions, git hash, device, dtypes, threads, model origins
+    environment.json       versions, git hash, device, dtypes, threads, model origins, sessions
+    examples.rejected      lines a resume took out of examples.jsonl (torn or corrupted), verbatim
+    .specbench.lock        held (flock) by the one run that writes here
 
-Each example row is appended with a single ``write`` of a complete line followed by ``fsync``;
-a line cut short by a kill is dropped (and trimmed from the file) when the run resumes.
-Whole files (CSV, YAML, JSON) are written to a temporary name and renamed into place.
+Each example row is appended with a single ``write`` of a complete line followed by ``fsync``. A
+line that is not a complete row (a kill can cut the last one short; a disk or an editor can spoil any)
+is never parsed as a row or dropped unsaid: a run that resumes moves it to ``examples.rejected``, names
+it by line number and computes its row again; readers (``plot``, the paper views) refuse the file and
+say which line to repair. Whole files (CSV, YAML, JSON) are written to a temporary name and renamed
+into place. Only one run writes a directory at a time: a second one stops and names the first's pid.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from specbench.errors import SpecbenchError
 
 EXAMPLES = "examples.jsonl"
 CELLS = "cells.csv"
 RESOLVED_RECIPE = "resolved_recipe.yaml"
 ENVIRONMENT = "environment.json"
+REJECTED = "examples.rejected"
+LOCK = ".specbench.lock"
+# the layout of rows and keys; a directory written in another layout is refused, never mixed.
+# Directories from before the field existed are layout 1.
+RESULTS_FORMAT = 1
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -33,29 +47,73 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+@dataclass
+class BadLine:
+    number: int  # 1-based line number in examples.jsonl
+    raw: bytes
+    why: str
+
+
+@dataclass
 class ExampleLog:
-    """Append-only JSONL of example rows, resumable by the rows' ``key``."""
+    """Append-only JSONL of example rows, resumable by the rows' ``key``.
 
-    def __init__(self, path: Path):
-        self.path = path
-        self.rows: list[dict] = []
-        self.by_key: dict[str, dict] = {}
-        if path.exists():
-            self._load_and_trim()
+    ``repair=True`` (a run that resumes, holding the directory's lock) moves bad lines out of the file;
+    otherwise a bad line is a :class:`SpecbenchError` naming it.
+    """
 
-    def _load_and_trim(self) -> None:
-        data = self.path.read_bytes()
-        complete = data[: data.rfind(b"\n") + 1]
-        if len(complete) != len(data):  # a partial last line from a killed run
-            with open(self.path, "r+b") as handle:
-                handle.truncate(len(complete))
-        for line in complete.decode().splitlines():
-            if line.strip():
-                self._remember(json.loads(line))
+    path: Path
+    repair: bool = False
+    load: bool = True  # False: start empty (a runner reads the file once it holds the lock)
+    rows: list[dict] = field(default_factory=list)
+    by_key: dict[str, dict] = field(default_factory=dict)
+    rejected: list[BadLine] = field(default_factory=list)
 
-    def _remember(self, row: dict) -> None:
-        self.rows.append(row)
-        self.by_key[row["key"]] = row
+    def __post_init__(self):
+        self.path = Path(self.path)
+        if self.load and self.path.exists():
+            self._load()
+
+    def _load(self) -> None:
+        try:
+            data = self.path.read_bytes()
+        except OSError as error:
+            raise SpecbenchError(str(self.path), f"cannot be read ({error.strerror})") from None
+        lines = data.split(b"\n")
+        tail = lines.pop()  # b"" when the file ends with a newline; else a line cut short
+        good: list[bytes] = []
+        first_line_of: dict[str, int] = {}
+        for number, raw in enumerate(lines, start=1):
+            if not raw.strip():
+                continue
+            why = _problem(raw)
+            row = json.loads(raw) if why is None else None
+            if row is not None and row["key"] in first_line_of:
+                why = f"repeats the row of line {first_line_of[row['key']]} (key {row['key']})"
+            if why is not None:
+                self.rejected.append(BadLine(number, raw, why))
+                continue
+            first_line_of[row["key"]] = number
+            good.append(raw)
+            self.rows.append(row)
+            self.by_key[row["key"]] = row
+        if tail.strip():
+            self.rejected.append(BadLine(len(lines) + 1, tail, "is cut short (no newline: a killed write)"))
+        if not self.rejected:
+            return
+        if not self.repair:
+            bad = self.rejected[0]
+            more = f" (and {len(self.rejected) - 1} more)" if len(self.rejected) > 1 else ""
+            raise SpecbenchError(
+                f"{self.path}: line {bad.number}",
+                f"{bad.why}{more}",
+                "resume the run (`specbench run RECIPE -o DIR --resume`): it moves bad lines to "
+                f"{REJECTED} and computes their rows again",
+            )
+        with open(self.path.parent / REJECTED, "ab") as handle:
+            for bad in self.rejected:
+                handle.write(f"# line {bad.number}: {bad.why}\n".encode() + bad.raw + b"\n")
+        write_atomic(self.path, b"".join(raw + b"\n" for raw in good).decode())
 
     @property
     def done(self) -> set[str]:
@@ -66,13 +124,83 @@ class ExampleLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, line)
+            written = os.write(fd, line)
+            if written != len(line):  # a full disk can take part of a line: take it back
+                os.ftruncate(fd, os.fstat(fd).st_size - written)
+                raise OSError(28, "No space left on device (a partial row was taken back)")
             os.fsync(fd)
+        except OSError as error:
+            raise SpecbenchError(
+                str(self.path),
+                f"cannot append a row ({error.strerror or error})",
+                "free space (or fix permissions) and resume with --resume: finished rows are kept",
+            ) from None
         finally:
             os.close(fd)
-        self._remember(row)
+        self.rows.append(row)
+        self.by_key[row["key"]] = row
+
+
+def _problem(raw: bytes) -> str | None:
+    """Why ``raw`` is not a result row, or None."""
+    try:
+        row = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return "is not a JSON row (torn or corrupted)"
+    if not isinstance(row, dict) or not isinstance(row.get("key"), str):
+        return "is JSON but not a result row (no key)"
+    return None
 
 
 def read_examples(run_dir: Path) -> list[dict]:
+    """The rows of a run directory (read only: a bad line is an error naming it)."""
     path = Path(run_dir) / EXAMPLES
     return ExampleLog(path).rows if path.exists() else []
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``DIR/.specbench.lock`` for as long as a run writes ``DIR``; the
+    kernel releases it when the process ends, however it ends."""
+
+    def __init__(self, directory: Path):
+        self.path = Path(directory) / LOCK
+        self.handle = open(self.path, "a+")
+        try:
+            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.handle.seek(0)
+            holder = self.handle.read().strip() or "unknown"
+            self.handle.close()
+            raise SpecbenchError(
+                str(directory),
+                f"another specbench run (pid {holder}) is writing here",
+                "wait for it to finish (or stop it), or choose another --output-dir",
+            ) from None
+        self.handle.seek(0)
+        self.handle.truncate()
+        self.handle.write(f"{os.getpid()}\n")
+        self.handle.flush()
+
+    def release(self) -> None:
+        if not self.handle.closed:
+            fcntl.flock(self.handle, fcntl.LOCK_UN)
+            self.handle.close()
+
+
+def check_format(directory: Path) -> None:
+    """Refuse a results directory written in another layout than this version's."""
+    path = Path(directory) / ENVIRONMENT
+    if not path.is_file():
+        return
+    try:
+        found = json.loads(path.read_text()).get("results_format", 1)
+    except (OSError, ValueError, AttributeError):
+        raise SpecbenchError(
+            str(path), "is not a JSON object", "restore it, or delete it (the next run writes it anew)"
+        ) from None
+    if found != RESULTS_FORMAT:
+        raise SpecbenchError(
+            str(directory),
+            f"holds results in format {found}; this specbench writes format {RESULTS_FORMAT}",
+            "run into a new --output-dir, or use the specbench version that wrote it",
+        )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import hashlib
 import json
 import math
@@ -30,6 +31,7 @@ from pathlib import Path
 import torch
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from specbench import __version__
@@ -41,7 +43,18 @@ from specbench.models import registry
 from specbench.models.hf import HFModel
 from specbench.models.replay import ReplayError, ReplayTarget
 from specbench.pipeline.costs import pw_cost
-from specbench.pipeline.results import ENVIRONMENT, EXAMPLES, RESOLVED_RECIPE, ExampleLog, write_atomic
+from specbench.pipeline.results import (
+    CELLS,
+    ENVIRONMENT,
+    EXAMPLES,
+    REJECTED,
+    RESOLVED_RECIPE,
+    RESULTS_FORMAT,
+    ExampleLog,
+    RunLock,
+    check_format,
+    write_atomic,
+)
 from specbench.pipeline.summary import write_cells_csv
 from specbench.recipe import Cell, Recipe
 from specbench.tasks import Example, get_task, render_prompt
@@ -96,6 +109,10 @@ class Runner:
         self.output_dir = Path(output_dir)
         self.limit = limit
         self.console = console or Console(stderr=True)
+        if self.output_dir.exists() and not self.output_dir.is_dir():
+            raise SpecbenchError(
+                str(self.output_dir), "is a file, not a directory", "choose another --output-dir"
+            )
         log_path = self.output_dir / EXAMPLES
         if log_path.exists() and log_path.stat().st_size and not resume:
             raise SpecbenchError(
@@ -103,8 +120,10 @@ class Runner:
                 "already holds results of a run",
                 "pass --resume to continue it (finished rows are kept), or choose another --output-dir",
             )
-        self.log = ExampleLog(log_path)
+        self.log = ExampleLog(log_path, load=False)  # read under the lock when a run starts
         self.models: dict[str, object] = {}
+        self.started = _now()
+        self.written = 0  # rows this process appended
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -170,8 +189,24 @@ class Runner:
             if registry.source_kind(recipe.models[name].source) == "statistical":
                 self.model(name)
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        lock = RunLock(self.output_dir)
+        try:
+            return self._run_locked(plan)
+        finally:
+            lock.release()
+
+    def _run_locked(self, plan: list[tuple[DatasetRun, list[Cell]]]) -> Path:
+        recipe = self.recipe
+        check_format(self.output_dir)
+        self.log = ExampleLog(self.output_dir / EXAMPLES, repair=True)
+        for bad in self.log.rejected:
+            self.console.print(
+                f"[yellow]{escape(str(self.log.path))} line {bad.number} {escape(bad.why)}: moved to "
+                f"{REJECTED}; its row is computed again[/yellow]"
+            )
         write_atomic(self.output_dir / RESOLVED_RECIPE, yaml.safe_dump(recipe.resolved(), sort_keys=False))
         done = self.log.done
+        written_before = self.written
         total = sum(len(dataset.examples) * len(cells) for dataset, cells in plan)
         with Progress(
             TextColumn("[bold]{task.description}"),
@@ -186,10 +221,14 @@ class Runner:
             for dataset, cells in plan:
                 for cell in cells:
                     self._run_cell(dataset, cell, done, progress, overall)
-        self._write_environment()
-        write_cells_csv(
-            self.output_dir, [row for dataset, cells in plan for c in cells for row in self.rows(dataset, c)]
-        )
+        ran = self.written > written_before
+        if ran or not (self.output_dir / ENVIRONMENT).exists():
+            self._write_environment(ended=True)
+        if ran or not (self.output_dir / CELLS).exists():  # a resume that ran nothing rewrites nothing
+            write_cells_csv(
+                self.output_dir,
+                [row for dataset, cells in plan for c in cells for row in self.rows(dataset, c)],
+            )
         return self.output_dir
 
     def _key(self, cell: Cell, dataset: DatasetRun, example: Example) -> str:
@@ -227,7 +266,10 @@ class Runner:
             request, generation, replay = self._generate(
                 dataset, cell, target, drafter, example, check=cell.replay and example.id in checked
             )
+            if not self.written:  # this session's versions are on disk before its first row
+                self._write_environment(ended=False)
             self.log.append(self._row(dataset, cell, example, target, request, generation, replay))
+            self.written += 1
             tokens += len(generation.tokens)
             seconds += generation.walltime
             steps += len(generation.steps)
@@ -388,8 +430,17 @@ class Runner:
                 return i
         return -1 if len(ar) == len(tokens) else min(len(ar), len(tokens))
 
-    def _write_environment(self) -> None:
+    def _write_environment(self, ended: bool) -> None:
+        """environment.json: this session's versions and machine on top, every model ever loaded here
+        (earlier sessions' too), and one entry per session that wrote rows, so a run resumed on
+        another machine or version says so."""
+        path = self.output_dir / ENVIRONMENT
+        try:
+            earlier = json.loads(path.read_text()) if path.exists() else {}
+        except ValueError:
+            earlier = {}
         env = {
+            "results_format": RESULTS_FORMAT,
             "specbench": __version__,
             "python": sys.version.split()[0],
             "platform": platform.platform(),
@@ -413,7 +464,16 @@ class Runner:
                 for name, m in self.models.items()
             },
         }
-        write_atomic(self.output_dir / ENVIRONMENT, json.dumps(env, indent=2) + "\n")
+        env["models"] = {**earlier.get("models", {}), **env["models"]}
+        session = {
+            "started": self.started,
+            "ended": _now() if ended else None,
+            "rows": self.written,
+            **{key: env[key] for key in ("specbench", "git", "platform", "torch", "transformers", "cuda")},
+        }
+        sessions = [s for s in earlier.get("sessions", []) if s.get("started") != self.started]
+        env["sessions"] = [*sessions, session]
+        write_atomic(path, json.dumps(env, indent=2) + "\n")
 
 
 def _first_difference(replayed: Generation, live: Generation) -> str | None:
@@ -436,6 +496,10 @@ def _first_difference(replayed: Generation, live: Generation) -> str | None:
             mine, theirs = (a[i] if i < len(a) else "none"), (b[i] if i < len(b) else "none")
             return f"{what} {i}: replayed {mine}, live {theirs}"
     return None
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def _plain(value):

@@ -1,0 +1,126 @@
+"""Faults of a run directory: a second writer, a file where a directory should be, a resume that ran
+nothing, a directory from another results format, a full disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from specbench.cli import app
+from specbench.errors import SpecbenchError
+from specbench.pipeline.results import ENVIRONMENT, ExampleLog, RunLock
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "recipes" / "quickstart-tiny.yaml"
+runner = CliRunner()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "specbench.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("finished") / "run"
+    result = runner.invoke(app, ["run", str(TINY), "--output-dir", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_a_second_writer_is_refused_and_named(tmp_path: Path):
+    out = tmp_path / "run"
+    out.mkdir()
+    lock = RunLock(out)  # this process plays the first run
+    try:
+        result = _cli("run", str(TINY), "--output-dir", str(out), "--resume")
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert f"another specbench run (pid {os.getpid()}) is writing here" in " ".join(result.stderr.split())
+        assert not (out / "examples.jsonl").exists()  # it wrote nothing
+    finally:
+        lock.release()
+    with pytest.raises(SpecbenchError, match="pid"):  # one process, two runs: still one writer
+        first = RunLock(out)
+        try:
+            RunLock(out)
+        finally:
+            first.release()
+
+
+def test_the_lock_dies_with_its_process(tmp_path: Path):
+    # a killed run (kill -9 included) leaves no stale lock: the kernel drops a dead process's flock
+    code = "import os, sys; from specbench.pipeline.results import RunLock; RunLock(sys.argv[1]); os._exit(9)"
+    assert subprocess.run([sys.executable, "-c", code, str(tmp_path)]).returncode == 9
+    RunLock(tmp_path).release()
+
+
+def test_output_dir_that_is_a_file(tmp_path: Path):
+    path = tmp_path / "results.txt"
+    path.write_text("not a directory")
+    result = runner.invoke(app, ["run", str(TINY), "--output-dir", str(path)])
+    assert result.exit_code == 2 and "is a file, not a directory" in result.output
+    assert path.read_text() == "not a directory"
+
+
+def test_a_resume_that_runs_nothing_rewrites_nothing(finished: Path):
+    before = {name: (finished / name).read_bytes() for name in ("cells.csv", ENVIRONMENT, "examples.jsonl")}
+    result = runner.invoke(app, ["run", str(TINY), "--output-dir", str(finished), "--resume"])
+    assert result.exit_code == 0, result.output
+    assert {name: (finished / name).read_bytes() for name in before} == before
+
+
+def test_environment_keeps_every_session_and_model(finished: Path, tmp_path: Path):
+    env = json.loads((finished / ENVIRONMENT).read_text())
+    assert env["results_format"] == 1 and set(env["models"]) == {"target", "draft", "lookup"}
+    (session,) = env["sessions"]
+    assert session["rows"] == len((finished / "examples.jsonl").read_text().splitlines())
+    assert session["ended"] >= session["started"] and session["git"] == env["git"]
+    # a resume that computes one row again adds its session and keeps the earlier models' provenance
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("examples.jsonl", ENVIRONMENT, "cells.csv"):
+        (copy / name).write_bytes((finished / name).read_bytes())
+    lines = (copy / "examples.jsonl").read_text().splitlines()
+    ar_rows = [i for i, line in enumerate(lines) if json.loads(line)["cell"] == "ar"]
+    del lines[ar_rows[-1]]  # the AR cell alone has work left: the drafters are never loaded
+    (copy / "examples.jsonl").write_text("\n".join(lines) + "\n")
+    result = runner.invoke(app, ["run", str(TINY), "--output-dir", str(copy), "--resume"])
+    assert result.exit_code == 0, result.output
+    env = json.loads((copy / ENVIRONMENT).read_text())
+    assert [s["rows"] for s in env["sessions"]] == [session["rows"], 1]
+    assert set(env["models"]) == {"target", "draft", "lookup"}
+
+
+def test_a_directory_in_another_results_format_is_refused(finished: Path, tmp_path: Path):
+    copy = tmp_path / "future"
+    copy.mkdir()
+    env = json.loads((finished / ENVIRONMENT).read_text())
+    (copy / ENVIRONMENT).write_text(json.dumps({**env, "results_format": 99}))
+    (copy / "examples.jsonl").write_bytes((finished / "examples.jsonl").read_bytes())
+    result = runner.invoke(app, ["run", str(TINY), "--output-dir", str(copy), "--resume"])
+    message = " ".join(result.output.split())
+    assert result.exit_code == 2 and "holds results in format 99; this specbench writes format 1" in message
+
+
+def test_a_full_disk_takes_back_the_partial_row(tmp_path: Path, monkeypatch):
+    path = tmp_path / "examples.jsonl"
+    log = ExampleLog(path)
+    log.append({"key": "a"})
+    real_write = os.write
+
+    def short_write(fd, data):  # the disk fills up 5 bytes into the line
+        return real_write(fd, data[:5])
+
+    monkeypatch.setattr(os, "write", short_write)
+    with pytest.raises(SpecbenchError, match="No space left on device.*--resume"):
+        log.append({"key": "b", "output_ids": [1, 2, 3]})
+    monkeypatch.undo()
+    assert path.read_bytes() == b'{"key":"a"}\n'  # no torn line left behind
+    assert [r["key"] for r in ExampleLog(path).rows] == ["a"]
