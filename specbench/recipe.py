@@ -130,6 +130,10 @@ class ModelSpec(_Strict):
         return value
 
 
+# the longest output a recipe may ask for (beyond any model's context, so only typos reach it)
+MAX_NEW_TOKENS = 1_048_576
+
+
 class DatasetSpec(_Strict):
     task: str
     split: str | None = None
@@ -142,7 +146,7 @@ class DatasetSpec(_Strict):
     execute_code: bool = False
     # this dataset's output length, when it differs from generation.max_new_tokens (papers set one
     # per task: e.g. 5 tokens for QA, 320 for GSM8K)
-    max_new_tokens: int | None = Field(default=None, ge=1)
+    max_new_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
 
     @field_validator("data_files")
     @classmethod
@@ -161,7 +165,7 @@ class DatasetSpec(_Strict):
 
 
 class GenerationSpec(_Strict):
-    max_new_tokens: int = Field(default=128, ge=1)
+    max_new_tokens: int = Field(default=128, ge=1, le=MAX_NEW_TOKENS)
     temperature: float = Field(default=0.0, ge=0.0)  # 0 = greedy
     top_k: int = Field(default=0, ge=0)  # 0 = off
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -363,6 +367,7 @@ def parse_recipe(data: dict, path: str | Path, known_tasks: Collection[str] | No
         _check_options(path, name, model)
     for index, spec in enumerate(recipe.methods):
         _check_method(recipe, index, spec, f"{path}: methods[{index}]")
+    _check_every_model_is_used(recipe, path)
     if known_tasks is not None:
         for index, dataset in enumerate(recipe.datasets):
             if dataset.task not in known_tasks:
@@ -387,12 +392,29 @@ def _yaml_error(path: Path, error: yaml.YAMLError) -> SpecbenchError:
 
 def _check_options(path: Path, name: str, model: ModelSpec) -> None:
     """Every option reaches the model's loader, so one it does not take is an error, never dropped."""
-    from specbench.models.registry import option_problem  # torch: paid when a recipe is checked
+    from specbench.models.registry import NO_REVISION, option_problem, source_kind  # torch: paid here
 
     problem = option_problem(model.source, model.options)
     if problem:
         option, text, fix = problem
         raise SpecbenchError(f"{path}: models.{name}.options.{option}", text, fix)
+    if model.revision is not None and source_kind(model.source) in NO_REVISION:
+        raise SpecbenchError(
+            f"{path}: models.{name}.revision",
+            f"source {model.source!r} has no revisions (one fixed set of weights)",
+            "remove revision (it applies to Hub models)",
+        )
+
+
+def _check_every_model_is_used(recipe: Recipe, path: Path) -> None:
+    """A model no method uses would be listed, loaded by nobody and never checked: say so."""
+    used = {name for spec in recipe.methods for name in (spec.target, spec.drafter, *(spec.drafters or ()))}
+    used |= {m.options.get("of") for m in recipe.models.values() if isinstance(m.options.get("of"), str)}
+    for name in recipe.models:
+        if name not in used:
+            raise SpecbenchError(
+                f"{path}: models.{name}", "no method uses this model", "remove it, or use it in a method"
+            )
 
 
 def _check_method(recipe: Recipe, index: int, spec: MethodSpec, where: str) -> None:

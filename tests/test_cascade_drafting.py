@@ -366,7 +366,7 @@ def recipe(method: dict | None = None, **fields) -> dict:
     cs = {"name": "cs", "method": "cs_drafting", "target": "target", "drafters": ["d1", "d2", "mag"]}
     if "params" not in fields and "grid" not in fields:
         cs["params"] = {"K": [[2, 4], [0, 3]]}
-    return {
+    data = {
         "name": "t",
         "generation": {"max_new_tokens": 16},
         "models": {
@@ -382,6 +382,17 @@ def recipe(method: dict | None = None, **fields) -> dict:
             method if method is not None else cs | fields,
         ],
     }
+    return without_unused_models(data)
+
+
+def without_unused_models(data: dict) -> dict:
+    """A recipe lists only models its methods use (an unused one is an error)."""
+    used = set()
+    for entry in data["methods"]:
+        drafters = entry.get("drafters")
+        used |= {entry.get("target"), entry.get("drafter"), *(drafters if isinstance(drafters, list) else ())}
+    data["models"] = {name: spec for name, spec in data["models"].items() if name in used}
+    return data
 
 
 def test_cascade_cells_ids_and_fingerprints():

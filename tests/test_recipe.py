@@ -170,7 +170,10 @@ def test_fingerprint_ignores_what_does_not_change_a_cells_outputs(tmp_path):
     assert len(set(base.values())) == len(base) and all(len(fp) == 16 for fp in base.values())
     unrelated = [
         changed(methods__3={"name": "ar-draft", "method": "autoregressive", "target": "draft"}),
-        changed(models__other={"source": "tiny-t5"}),
+        changed(
+            models__other={"source": "tiny-t5"},
+            methods__3={"name": "ar-other", "method": "autoregressive", "target": "other"},
+        ),
         changed(warmup=3, lossless_check=False, description="renamed", name="other"),
         changed(datasets__1={"task": "gsm8k"}),
     ]

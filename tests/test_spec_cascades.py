@@ -397,6 +397,8 @@ BASE = {
 def with_method(**entry) -> dict:
     data = copy.deepcopy(BASE)
     data["methods"].append({"name": "m", "target": "large", "drafter": "small"} | entry)
+    if data["methods"][-1].get("drafter") != "mag":
+        del data["models"]["mag"]  # a recipe lists only models its methods use
     return data
 
 

@@ -95,7 +95,42 @@ def option_problem(source: str, options: dict) -> tuple[str, str, str] | None:
             f"prefer {options['prefer']!r} is not a SmolLM2 origin",
             f"use {', '.join(SMOLLM2_PREFER)}",
         )
+    for name, value in sorted(options.items()):
+        bounds = OPTION_BOUNDS.get((source_kind(source), name))
+        if bounds is None:
+            continue
+        kind, low, high = bounds
+        fits = isinstance(value, kind) and not isinstance(value, bool) and low <= value <= high
+        if not fits:
+            what = "an integer" if kind is int else "a number"
+            return name, f"{name} {value!r} is out of range", f"use {what} from {low} to {high}"
+    tiny = {**TINY_DEFAULTS, **options} if source_kind(source) == "tiny" else None
+    if tiny and isinstance(tiny["hidden_size"], int) and isinstance(tiny["heads"], int):
+        if tiny["hidden_size"] % tiny["heads"]:
+            return (
+                "heads",
+                f"hidden_size {tiny['hidden_size']} is not a multiple of heads {tiny['heads']}",
+                "choose heads that divide hidden_size",
+            )
     return None
+
+
+# (kind, option) -> (type, lowest, highest): values a loader would take but cannot use
+OPTION_BOUNDS = {
+    ("tiny", "seed"): (int, 0, 2**63 - 1),
+    ("tiny", "vocab_size"): (int, 260, 262_144),  # the byte tokenizer's 260 ids must fit
+    ("tiny", "hidden_size"): (int, 1, 4096),
+    ("tiny", "layers"): (int, 1, 64),
+    ("tiny", "heads"): (int, 1, 64),
+    ("tiny", "init_std"): ((int, float), 1e-6, 10.0),
+    ("statistical", "max_ngram"): (int, 1, 1_000_000),
+    ("statistical", "max_copy"): (int, 1, 1_000_000),
+    ("statistical", "decoder_start"): (int, 0, 10_000_000),
+    ("early-exit", "layers"): (int, 1, 1000),
+}
+TINY_DEFAULTS = {"hidden_size": 32, "heads": 4}
+# sources with one fixed set of weights: a revision would be silently meaningless
+NO_REVISION = ("statistical", "tiny", "early-exit")
 
 
 @dataclass(frozen=True)
@@ -160,8 +195,23 @@ def load(request: ModelRequest, resolve=None):
             raise SpecbenchError(f"models.{request.name}.options.{option}", text, fix)
     device = resolve_device(request.device)
     dtype = resolve_dtype(request.dtype, device)
-    with _quiet_transformers():
-        model, tokenizer, origin = _load_neural(request, source, opts, dtype)
+    try:
+        with _quiet_transformers():
+            model, tokenizer, origin = _load_neural(request, source, opts, dtype)
+    except (torch.OutOfMemoryError, MemoryError) as error:
+        raise SpecbenchError(
+            f"models.{request.name}",
+            f"out of memory while loading {source} ({str(error).splitlines()[0][:120]})",
+            "use a smaller model or dtype, or a device with more memory",
+        ) from None
+    except RuntimeError as error:
+        if "alloc" not in str(error).lower() and "out of memory" not in str(error).lower():
+            raise
+        raise SpecbenchError(
+            f"models.{request.name}",
+            f"out of memory while loading {source} ({str(error).splitlines()[0][:120]})",
+            "use a smaller model or dtype, or a device with more memory",
+        ) from None
     wrapped = HFModel(model.to(device), request.name, tokenizer)
     wrapped.origin = origin
     return wrapped
@@ -347,10 +397,12 @@ def _load_pretrained(name: str, source: str, dtype: torch.dtype, revision: str |
             raise SpecbenchError(
                 where, f"GGUF file {source} not found", "give the path of an existing .gguf file"
             )
-        model, tokenizer = _from_pretrained(str(path.parent), dtype, gguf_file=path.name)
+        with _unreadable(where, source, "a GGUF file transformers can read (pip install gguf)"):
+            model, tokenizer = _from_pretrained(str(path.parent), dtype, gguf_file=path.name)
         return model, tokenizer, f"gguf:{path}"
     if path.is_dir():
-        return (*_from_pretrained(str(path), dtype), f"local:{path}")
+        with _unreadable(where, source, "a directory with config.json, weights and a tokenizer"):
+            return (*_from_pretrained(str(path), dtype), f"local:{path}")
     if source.startswith((".", "/", "~")) or source.count("/") != 1:
         raise SpecbenchError(
             where,
@@ -371,6 +423,16 @@ def _load_pretrained(name: str, source: str, dtype: torch.dtype, revision: str |
             "download it on a connected machine (hf download) or point source at a local directory",
         )
     return (*_from_pretrained(source, dtype, revision=revision), f"hub:{source}")
+
+
+@contextlib.contextmanager
+def _unreadable(where: str, source: str, expected: str):
+    """A local model that transformers cannot read is a one-line error, not its traceback."""
+    try:
+        yield
+    except (OSError, ValueError, KeyError) as error:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+        raise SpecbenchError(where, f"cannot load {source}: {first}", f"give {expected}") from None
 
 
 def _load_smollm2(dtype: torch.dtype, revision: str | None, prefer: str):

@@ -47,15 +47,22 @@ def pw_cost(value, where: str) -> float:
     return float(entry)
 
 
-def swi(tokens: float, forwards: dict[str, float], costs: dict[str, float | None], target: str) -> float:
-    """SWI for one cost table; NaN when a model that ran has no cost in this table."""
+def weighted_passes(forwards: dict[str, float], costs: dict[str, float | None]) -> float:
+    """SWI's denominator: sum over models of forward passes x c_model; NaN when a model that ran has no
+    cost in this table."""
     spent = 0.0
     for model, passes in forwards.items():
         cost = costs.get(model)
         if passes and cost is None:
             return math.nan
         spent += passes * (cost or 0.0)
+    return spent
+
+
+def swi(tokens: float, forwards: dict[str, float], costs: dict[str, float | None], target: str) -> float:
+    """SWI for one cost table; NaN when a model that ran has no cost in this table."""
+    spent = weighted_passes(forwards, costs)
     target_cost = costs.get(target)
-    if not spent or target_cost is None:
+    if math.isnan(spent) or not spent or target_cost is None:
         return math.nan
     return tokens * target_cost / spent

@@ -1,4 +1,5 @@
-"""Figures from a run directory: acceptance rate by draft position (CS Drafting, Figure 2)."""
+"""Figures from a run directory: acceptance rate by draft position (CS Drafting, Figure 2), marginal and
+conditional on the drafts before it accepted (statistics.acceptance_rates)."""
 
 from __future__ import annotations
 
@@ -9,27 +10,32 @@ import pandas as pd
 
 from specbench.errors import SpecbenchError
 from specbench.pipeline.results import read_examples, write_atomic
+from specbench.pipeline.statistics import acceptance_rates, position_counts
 
 ACCEPTANCE_CSV = "acceptance_by_position.csv"
 ACCEPTANCE_PNG = "acceptance_by_position.png"
 
 
 def acceptance_by_position(run_dir: Path) -> pd.DataFrame:
-    """One row per (dataset, cell, draft position): drafts proposed there, accepted, and the rate."""
+    """One row per (dataset, cell, draft position): drafts proposed there, accepted, the rate, and the
+    steps that reviewed the position after accepting every draft before it (``reached``) with the
+    conditional rate accepted / reached. Counted from the rows' steps, as ``accepted_by_position``."""
     rows = read_examples(run_dir)
     if not rows:
         raise SpecbenchError(str(run_dir), "no examples.jsonl rows here", "point at a run directory")
-    counts: dict[tuple[str, str, int], list[int]] = defaultdict(lambda: [0, 0])
+    steps: dict[tuple[str, str], list] = defaultdict(list)
     for row in rows:
-        for position, (proposed, accepted) in enumerate(row["accepted_by_position"], start=1):
-            cell = counts[(row["dataset"], row["cell"], position)]
-            cell[0] += proposed
-            cell[1] += accepted
-    table = pd.DataFrame(
-        [(d, c, p, n, a, a / n if n else float("nan")) for (d, c, p), (n, a) in sorted(counts.items())],
-        columns=["dataset", "cell", "position", "proposed", "accepted", "acceptance_rate"],
-    )
-    return table
+        steps[(row["dataset"], row["cell"])].extend(row["steps"])
+    records = []
+    for (dataset, cell), cell_steps in sorted(steps.items()):
+        counts = position_counts(cell_steps)
+        marginal, conditional = acceptance_rates(counts)
+        for position, ((proposed, accepted, reached), rate, given) in enumerate(
+            zip(counts.tolist(), marginal, conditional, strict=True), start=1
+        ):
+            records.append((dataset, cell, position, proposed, accepted, rate, reached, given))
+    columns = ["dataset", "cell", "position", "proposed", "accepted", "acceptance_rate"]
+    return pd.DataFrame(records, columns=[*columns, "reached", "conditional_rate"])
 
 
 def dataset_panels(datasets: list[str], width: float = 5, height: float = 3.8, extra: float = 0):
@@ -58,7 +64,8 @@ def save_panels(plt, figure, axes, path: Path, legends: bool = True) -> Path:
 
 
 def write_acceptance_plot(run_dir: Path) -> tuple[Path, Path]:
-    """acceptance_by_position.csv and .png in ``run_dir``; one line per speculative cell and dataset."""
+    """acceptance_by_position.csv and .png in ``run_dir``; one line per speculative cell and dataset, the
+    marginal rate in the top row of panels and the conditional rate below it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -73,12 +80,19 @@ def write_acceptance_plot(run_dir: Path) -> tuple[Path, Path]:
     colors, markers = plt.get_cmap("tab20").colors, "os^Dv<>PX*"
     # one style per cell across panels, distinct for up to 20 cells; one legend beside the panels
     style = {c: {"color": colors[i % 20], "marker": markers[i % 10]} for i, c in enumerate(cells)}
-    figure, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets) + 3, 3.6), squeeze=False)
-    for ax, dataset in zip(axes[0], datasets, strict=False):
-        for cell, group in table[table["dataset"] == dataset].groupby("cell", sort=False):
-            ax.plot(group["position"], group["acceptance_rate"], label=cell, markersize=4, **style[cell])
-        ax.set(title=dataset, xlabel="draft position", ylabel="acceptance rate", ylim=(0, 1.02))
-        ax.grid(alpha=0.3)
+    figure, axes = plt.subplots(2, len(datasets), figsize=(5 * len(datasets) + 3, 7.2), squeeze=False)
+    views = (
+        ("acceptance_rate", "acceptance rate", "{dataset}"),
+        ("conditional_rate", "P(accept i | 1..i-1 accepted)", "{dataset}: conditional"),
+    )
+    for row, (column, ylabel, title) in zip(axes, views, strict=True):
+        for ax, dataset in zip(row, datasets, strict=False):
+            for cell, group in table[table["dataset"] == dataset].groupby("cell", sort=False):
+                ax.plot(group["position"], group[column], label=cell, markersize=4, **style[cell])
+            ax.set(
+                title=title.format(dataset=dataset), xlabel="draft position", ylabel=ylabel, ylim=(0, 1.02)
+            )
+            ax.grid(alpha=0.3)
     handles = {label: h for ax in axes[0] for h, label in zip(*ax.get_legend_handles_labels(), strict=True)}
     if handles:
         figure.legend(handles.values(), handles.keys(), fontsize=7, loc="center right")

@@ -28,14 +28,51 @@ def load_cells(results: Path) -> pd.DataFrame:
         )
     frames = []
     for path in files:
-        frame = pd.read_csv(path)
+        frame = read_cells_csv(path)
         frame.insert(0, "run", path.parent.name)
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)
 
 
+# the columns the default table reads (the paper views check their own)
+TABLE_COLUMNS = (
+    "method_name",
+    "swi_ms",
+    "swi_pw",
+    "tokens_per_s",
+    "acceptance_length",
+    "draft_acceptance_rate",
+)
+# the columns every cells.csv has had since the first release; later ones are optional
+REQUIRED = ("dataset", "cell")
+
+
+def read_cells_csv(path: Path) -> pd.DataFrame:
+    """One cells.csv, or a one-line error when it is not one (torn, binary, hand-edited)."""
+    fix = (
+        f"recompute it: `specbench run RECIPE -o {path.parent} --resume` rewrites {CELLS} from examples.jsonl"
+    )
+    try:
+        frame = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as error:
+        first = " ".join(str(error).split())[:100] or type(error).__name__
+        raise SpecbenchError(str(path), f"is not a readable CSV ({first})", fix) from None
+    missing = [column for column in REQUIRED if column not in frame.columns]
+    if missing:
+        raise SpecbenchError(str(path), f"has no column {missing[0]!r}: not a specbench {CELLS}", fix)
+    return frame
+
+
 def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
     """The report's columns: one row per cell, formatted for reading."""
+    missing = [c for c in TABLE_COLUMNS if c not in cells.columns]
+    if missing:
+        runs = ", ".join(sorted(set(cells["run"]))) if "run" in cells.columns else "?"
+        raise SpecbenchError(
+            f"{CELLS} of run {runs}",
+            f"has no column {missing[0]!r}: not a specbench {CELLS}",
+            f"recompute it: `specbench run RECIPE -o DIR --resume` rewrites {CELLS} from examples.jsonl",
+        )
     quality = [c for c in cells.columns if c.startswith("quality_")]
     rows = []
     for r in cells.to_dict("records"):
@@ -46,10 +83,10 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
             "drafters": r.get("drafter") if isinstance(r.get("drafter"), str) else "",
             # CS Drafting's budget matrix K stands in the k column, compact: [[2,4],[0,3]]
             "k": _int(r.get("k")) or (r["K"].replace(" ", "") if isinstance(r.get("K"), str) else ""),
-            "SWI MS": _num(r["swi_ms"]),
-            "SWI PW": _num(r["swi_pw"]),
+            "SWI MS": _interval(r, "swi_ms"),
+            "SWI PW": _interval(r, "swi_pw"),
             "tok/s": _num(r["tokens_per_s"], 1),
-            "speedup": _num(r.get("speedup_vs_ar")),
+            "speedup": _interval(r, "speedup_vs_ar", "x"),
             "acc. len": _num(r["acceptance_length"]),
             "draft acc.": _num(r["draft_acceptance_rate"]),
             "drafter cost": _num(r.get("drafter_cost", math.nan), 3),
@@ -61,6 +98,16 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
         row["n"] = int(r["n"])
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _interval(record: dict, column: str, unit: str = "") -> str:
+    """``1.42x [1.35, 1.50]``: the value and its bootstrap interval (cells.csv's ``<column>_low`` and
+    ``_high``), or the value alone where the interval is missing (files from before it) or NaN."""
+    value = _num(record.get(column))
+    if not value:
+        return ""
+    low, high = _num(record.get(f"{column}_low")), _num(record.get(f"{column}_high"))
+    return f"{value}{unit} [{low}, {high}]" if low and high else f"{value}{unit}"
 
 
 def _method_label(name: str, cell: str) -> str:
@@ -75,7 +122,8 @@ def _method_label(name: str, cell: str) -> str:
 def render(results: Path, fmt: str = "table", console: Console | None = None) -> str | None:
     if fmt not in FORMATS:
         raise SpecbenchError("--format", f"unknown format {fmt!r}", f"use one of {', '.join(FORMATS)}")
-    frame = display_frame(load_cells(results))
+    cells = load_cells(results)
+    frame = display_frame(cells)
     if fmt == "csv":
         return frame.to_csv(index=False)
     if fmt == "markdown":
@@ -95,10 +143,26 @@ def render(results: Path, fmt: str = "table", console: Console | None = None) ->
         console.print(table)
     console.print(
         "SWI = generated tokens x c_target / sum of forward passes x c_model (ratio of sums); MS: cost by "
-        "parameter count; PW: prior-work table. speedup: tokens/s over the AR cell of the same run.",
+        "parameter count; PW: prior-work table. speedup: tokens/s over the AR cell of the same run."
+        + _bootstrap_note(cells),
         style="dim",
+        markup=False,  # "[low, high]" is text, not a Rich style tag
     )
     return None
+
+
+def _bootstrap_note(cells: pd.DataFrame) -> str:
+    """How the intervals were made, from the columns that record it (absent in older cells.csv)."""
+    if "bootstrap_resamples" not in cells:
+        return ""
+    settings = cells[["bootstrap_resamples", "bootstrap_seed"]].dropna().drop_duplicates()
+    if settings.empty:
+        return ""
+    described = "; ".join(f"B={int(b)}, seed {int(s)}" for b, s in settings.itertuples(index=False))
+    return (
+        f" [low, high]: 95% percentile bootstrap interval over examples ({described}); for speedup the "
+        "cell's and the AR cell's rows of each prompt are resampled together."
+    )
 
 
 def _by_dataset(frame: pd.DataFrame):

@@ -17,14 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import hashlib
-import json
 import math
-import os
-import platform
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +28,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from specbench import __version__
 from specbench.decoding.generation import Generation
 from specbench.decoding.sampling import SamplingParams
 from specbench.errors import SpecbenchError
@@ -43,13 +36,14 @@ from specbench.models import registry
 from specbench.models.hf import HFModel
 from specbench.models.replay import ReplayError, ReplayTarget
 from specbench.pipeline.costs import pw_cost
+from specbench.pipeline.environment import now, write_environment
+from specbench.pipeline.report import read_cells_csv
 from specbench.pipeline.results import (
     CELLS,
     ENVIRONMENT,
     EXAMPLES,
     REJECTED,
     RESOLVED_RECIPE,
-    RESULTS_FORMAT,
     ExampleLog,
     RunLock,
     check_format,
@@ -122,7 +116,7 @@ class Runner:
             )
         self.log = ExampleLog(log_path, load=False)  # read under the lock when a run starts
         self.models: dict[str, object] = {}
-        self.started = _now()
+        self.started = now()
         self.written = 0  # rows this process appended
 
     # -- loading ---------------------------------------------------------------------------
@@ -183,11 +177,6 @@ class Runner:
         plan = [
             (dataset, sorted(cells, key=lambda c: c.method != "autoregressive")) for dataset, cells in plan
         ]
-        # statistical drafters load in milliseconds: load them now, so that a missing bigram table
-        # fails the run before its first cell, not after hours of others
-        for name in sorted({name for _, cells in plan for cell in cells for name in _drafter_names(cell)}):
-            if registry.source_kind(recipe.models[name].source) == "statistical":
-                self.model(name)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         lock = RunLock(self.output_dir)
         try:
@@ -204,8 +193,9 @@ class Runner:
                 f"[yellow]{escape(str(self.log.path))} line {bad.number} {escape(bad.why)}: moved to "
                 f"{REJECTED}; its row is computed again[/yellow]"
             )
-        write_atomic(self.output_dir / RESOLVED_RECIPE, yaml.safe_dump(recipe.resolved(), sort_keys=False))
         done = self.log.done
+        self._preflight(plan, done)
+        write_atomic(self.output_dir / RESOLVED_RECIPE, yaml.safe_dump(recipe.resolved(), sort_keys=False))
         written_before = self.written
         total = sum(len(dataset.examples) * len(cells) for dataset, cells in plan)
         with Progress(
@@ -224,12 +214,27 @@ class Runner:
         ran = self.written > written_before
         if ran or not (self.output_dir / ENVIRONMENT).exists():
             self._write_environment(ended=True)
-        if ran or not (self.output_dir / CELLS).exists():  # a resume that ran nothing rewrites nothing
+        if ran or not _readable(self.output_dir / CELLS):  # a resume that ran nothing rewrites nothing
             write_cells_csv(
                 self.output_dir,
                 [row for dataset, cells in plan for c in cells for row in self.rows(dataset, c)],
             )
         return self.output_dir
+
+    def _preflight(self, plan: list[tuple[DatasetRun, list[Cell]]], done: set[str]) -> None:
+        """Load every model a cell with work left needs, and check each cell's drafters against its
+        target, before the first row: a bad option or tokenizer fails in minutes, not after the
+        AR cell's hours. (A run keeps its models loaded anyway, so this costs no memory.)"""
+        pending = [
+            cell
+            for dataset, cells in plan
+            for cell in cells
+            if any(self._key(cell, dataset, example) not in done for example in dataset.examples)
+        ]
+        for cell in pending:
+            target = self.model(cell.target)
+            for name in _drafter_names(cell):
+                self._check_vocab(cell, name, target, self.model(name))
 
     def _key(self, cell: Cell, dataset: DatasetRun, example: Example) -> str:
         parts = [cell.fingerprint(self.recipe), dataset.label, example.id, example.prompt]
@@ -431,49 +436,7 @@ class Runner:
         return -1 if len(ar) == len(tokens) else min(len(ar), len(tokens))
 
     def _write_environment(self, ended: bool) -> None:
-        """environment.json: this session's versions and machine on top, every model ever loaded here
-        (earlier sessions' too), and one entry per session that wrote rows, so a run resumed on
-        another machine or version says so."""
-        path = self.output_dir / ENVIRONMENT
-        try:
-            earlier = json.loads(path.read_text()) if path.exists() else {}
-        except ValueError:
-            earlier = {}
-        env = {
-            "results_format": RESULTS_FORMAT,
-            "specbench": __version__,
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-            "torch": torch.__version__,
-            "transformers": _version("transformers"),
-            "datasets": _version("datasets"),
-            "git": _git_hash(),
-            "threads": torch.get_num_threads(),
-            "cpu_count": os.cpu_count(),
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-            "recipe": str(self.recipe.path),
-            "seed": self.recipe.seed,
-            "models": {
-                name: {
-                    "source": self.recipe.models[name].source,
-                    "origin": getattr(m, "origin", "statistical"),
-                    "parameters": m.num_parameters,
-                    "dtype": str(next(m.model.parameters()).dtype) if isinstance(m, HFModel) else None,
-                    "device": str(m.device) if isinstance(m, HFModel) else "cpu",
-                }
-                for name, m in self.models.items()
-            },
-        }
-        env["models"] = {**earlier.get("models", {}), **env["models"]}
-        session = {
-            "started": self.started,
-            "ended": _now() if ended else None,
-            "rows": self.written,
-            **{key: env[key] for key in ("specbench", "git", "platform", "torch", "transformers", "cuda")},
-        }
-        sessions = [s for s in earlier.get("sessions", []) if s.get("started") != self.started]
-        env["sessions"] = [*sessions, session]
-        write_atomic(path, json.dumps(env, indent=2) + "\n")
+        write_environment(self.output_dir, self.recipe, self.models, self.started, self.written, ended)
 
 
 def _first_difference(replayed: Generation, live: Generation) -> str | None:
@@ -498,38 +461,15 @@ def _first_difference(replayed: Generation, live: Generation) -> str | None:
     return None
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+def _readable(cells: Path) -> bool:
+    if not cells.is_file():
+        return False
+    try:
+        read_cells_csv(cells)
+        return True
+    except SpecbenchError:
+        return False
 
 
 def _plain(value):
     return tuple(value) if isinstance(value, (list, tuple)) else value
-
-
-def _version(package: str) -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version(package)
-    except Exception:
-        return None
-
-
-def _git_hash() -> str | None:
-    try:
-        root = Path(__file__).resolve().parents[2]
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
-        if out.returncode:
-            return None
-        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except Exception:
-        return None

@@ -1,4 +1,9 @@
-"""From example rows to one tidy row per (dataset, cell): counts, SWI, speed, acceptance, quality."""
+"""From example rows to one tidy row per (dataset, cell): counts, SWI, speed, acceptance, quality.
+
+Next to the totals (ratios of sums), each cell gets its spread over requests (latency, TTFT, TPOT),
+95% percentile-bootstrap intervals for SWI and for the speedup over AR (paired by example with the AR
+cell's rows), and acceptance by step and by draft position; statistics.py holds the methods.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,22 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from specbench.pipeline.costs import swi
+from specbench.pipeline.costs import swi, weighted_passes
 from specbench.pipeline.results import CELLS, write_atomic
+from specbench.pipeline.statistics import (
+    BOOTSTRAP_RESAMPLES,
+    BOOTSTRAP_SEED,
+    acceptance_rates,
+    accepted_histogram,
+    bootstrap_ratio,
+    mean_accepted_per_step,
+    paired_bootstrap_ratio,
+    position_counts,
+    spread,
+)
 from specbench.tasks.metrics import corpus_score
 
 
@@ -63,6 +80,14 @@ def summarise_cell(rows: list[dict]) -> dict:
             for r in rows
         ]
         out[f"swi_{table}_mean"] = _mean(per_example)  # mean of per-example ratios
+        # the bootstrap interval of that ratio of sums over examples (AR's: [1, 1], a pass per token)
+        out[f"swi_{table}_low"], out[f"swi_{table}_high"] = bootstrap_ratio(
+            [r["n_tokens"] * _cost(r["costs"][table].get(target)) for r in rows],
+            [
+                weighted_passes({m: c["forward_passes"] for m, c in r["forwards"].items()}, r["costs"][table])
+                for r in rows
+            ],
+        )
     out.update(
         tokens_per_s=tokens / walltime if walltime else math.nan,
         walltime_s=walltime,
@@ -92,7 +117,51 @@ def summarise_cell(rows: list[dict]) -> dict:
     checked = [r["first_divergence"] for r in rows if r.get("first_divergence") is not None]
     out["lossless_checked"] = len(checked)
     out["lossless_identical"] = sum(1 for d in checked if d == -1)
+    out.update(_timing(rows))
+    out.update(_acceptance(steps))
+    out["bootstrap_seed"] = BOOTSTRAP_SEED
+    out["bootstrap_resamples"] = BOOTSTRAP_RESAMPLES
     return out
+
+
+def _timing(rows: list[dict]) -> dict:
+    """Per-request spread: tokens/s, latency (walltime), TTFT, TPOT = (walltime - ttft) / (tokens - 1).
+
+    NaN throughout for replayed rows, whose walltime and TTFT were not measured."""
+    tokens = np.array([r["n_tokens"] for r in rows], dtype=float)
+    walltime = np.array([r["walltime"] for r in rows], dtype=float)
+    ttft = np.array([r["ttft"] for r in rows], dtype=float)
+    if any(r.get("replayed") for r in rows):
+        walltime[:] = ttft[:] = math.nan
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = tokens / walltime
+    decoding = tokens > 1  # TPOT needs a token after the first
+    tpot = (walltime[decoding] - ttft[decoding]) / (tokens[decoding] - 1)
+    latency, first, per_token = spread(walltime), spread(ttft), spread(tpot)
+    out = {"tokens_per_s_std": spread(rate)["std"]}
+    out.update({f"latency_{k}_s": v for k, v in latency.items()})
+    out.update({f"ttft_{k}_s": first[k] for k in ("p50", "p90", "p99")})  # ttft_mean_s stays above
+    out.update({f"tpot_{k}_s": per_token[k] for k in ("mean", "p50", "p90", "p99")})
+    return out
+
+
+def _acceptance(steps: list) -> dict:
+    """Tokens per step averaged over steps, the accepted-length histogram and per-position rates (JSON)."""
+    marginal, conditional = acceptance_rates(position_counts(steps))
+    return {
+        "accepted_per_step_mean": mean_accepted_per_step(steps),
+        "accepted_hist": json.dumps(accepted_histogram(steps)),
+        "acceptance_marginal": _json_rates(marginal),
+        "acceptance_conditional": _json_rates(conditional),
+    }
+
+
+def _json_rates(rates: list[float]) -> str:
+    return json.dumps([None if math.isnan(x) else round(x, 6) for x in rates])
+
+
+def _cost(value) -> float:
+    return math.nan if value is None else float(value)
 
 
 def _mean(values) -> float:
@@ -112,6 +181,9 @@ def summarise(rows: list[dict]) -> pd.DataFrame:
         row.tokens_per_s / ar_cells["tokens_per_s"].get((row.dataset, row.target), math.nan)
         for row in table.itertuples()
     ]
+    intervals = _speedup_intervals(list(groups.values()))
+    table["speedup_vs_ar_low"] = [low for low, _ in intervals]
+    table["speedup_vs_ar_high"] = [high for _, high in intervals]
     # the cost coefficient c of the CS Drafting / Leviathan analysis, measured: time of one drafter
     # pass over time of one autoregressive target pass, same dataset and run
     ar_pass_ms = {key: json.loads(row["pass_ms"]).get(key[1], math.nan) for key, row in ar_cells.iterrows()}
@@ -120,6 +192,32 @@ def summarise(rows: list[dict]) -> pd.DataFrame:
         for row in table.itertuples()
     ]
     return table
+
+
+def _speedup_intervals(groups: list[list[dict]]) -> list[tuple[float, float]]:
+    """Per cell, the paired bootstrap interval of its tokens/s over the AR cell's (same dataset and
+    target), on the examples both ran, resampled together; NaN without an AR cell or a measured time."""
+    ar = {}
+    for rows in groups:
+        if rows[0]["method"] == "autoregressive":
+            ar.setdefault((rows[0]["dataset"], rows[0]["target"]), rows)
+    intervals = []
+    for rows in groups:
+        reference = ar.get((rows[0]["dataset"], rows[0]["target"]), [])
+        by_id = {r["example_id"]: r for r in reference if r.get("example_id") is not None}
+        pairs = [(r, by_id[r["example_id"]]) for r in rows if r.get("example_id") in by_id]
+        if any(r.get("replayed") or b.get("replayed") for r, b in pairs):
+            intervals.append((math.nan, math.nan))
+            continue
+        intervals.append(
+            paired_bootstrap_ratio(
+                [r["n_tokens"] for r, _ in pairs],
+                [r["walltime"] for r, _ in pairs],
+                [b["n_tokens"] for _, b in pairs],
+                [b["walltime"] for _, b in pairs],
+            )
+        )
+    return intervals
 
 
 def write_cells_csv(run_dir: Path, rows: list[dict]) -> pd.DataFrame:

@@ -120,10 +120,13 @@ def _read_jsonl(path: Path):
     fix = "point data_files (or SPECBENCH_DATA_DIR/<task>/<split>.jsonl) at a JSONL file, one object a line"
     if not path.is_file():
         raise SpecbenchError(str(path), "data file not found", fix)
+    rows = _plain_jsonl(path, fix)  # line-numbered errors, before datasets would give its own
     try:
         import datasets
     except ImportError:  # a minimal install (e.g. a GPU box image without datasets) still reads JSONL
-        return _plain_jsonl(path, fix)
+        return rows
+    datasets.disable_progress_bars()  # the run shows its own progress
+    datasets.logging.set_verbosity_error()
     try:
         return datasets.load_dataset("json", data_files=str(path), split="train")
     except Exception as error:  # datasets wraps JSON and schema errors in several types
@@ -131,12 +134,30 @@ def _read_jsonl(path: Path):
 
 
 def _plain_jsonl(path: Path, fix: str) -> list[dict]:
+    """Every line a JSON object, or an error naming the first line that is not."""
     import json
 
     try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (ValueError, UnicodeDecodeError) as error:
-        raise SpecbenchError(str(path), f"not readable as JSON lines ({type(error).__name__})", fix) from None
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = path.read_bytes()[: error.start].count(b"\n") + 1
+        raise SpecbenchError(f"{path}: line {line}", "is not UTF-8 text", fix) from None
+    rows = []
+    for number, line in enumerate(text.split("\n"), start=1):  # not splitlines: U+2028 is inside rows
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise SpecbenchError(f"{path}: line {number}", "is not a JSON object", fix) from None
+        if not isinstance(row, dict):
+            raise SpecbenchError(
+                f"{path}: line {number}", f"is JSON {type(row).__name__}, not an object", fix
+            )
+        rows.append(row)
+    if not rows:
+        raise SpecbenchError(str(path), "holds no rows", fix)
+    return rows
 
 
 def _offline() -> bool:

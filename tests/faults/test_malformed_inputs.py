@@ -1,0 +1,362 @@
+"""Malformed input, generated from the recipe schema itself: every field of every level gets a value of
+the wrong type, every level an unknown key, every bounded field a value past its bound, every
+required field goes missing, every method parameter a wrong value; then files that are not recipes,
+bad references, bad data files and bad report / plot arguments. A new schema field or method
+parameter is covered without a new test.
+
+Every case must end as a user error: exit 2, one line that names the file and field and says how to
+fix it, and no traceback. ``python tests/faults/test_malformed_inputs.py`` prints the tally the README
+quotes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from annotated_types import Ge, Gt, Le, MinLen
+from typer.testing import CliRunner
+
+from specbench.cli import app
+from specbench.methods import METHODS
+from specbench.recipe import CostSpec, DatasetSpec, GenerationSpec, MethodSpec, ModelSpec, Recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+# a small valid recipe: every level of the schema appears once, and it would finish in seconds
+BASE = {
+    "name": "faults",
+    "seed": 0,
+    "warmup": 0,
+    "generation": {"max_new_tokens": 4, "temperature": 0.0},
+    "models": {
+        "target": {"source": "tiny-llama", "dtype": "float64", "options": {"seed": 1}},
+        "draft": {"source": "tiny-llama", "dtype": "float64", "options": {"layers": 1}, "cost": {"pw": 0.5}},
+        "lookup": {"source": "prompt-lookup"},
+    },
+    "datasets": [{"task": "arithmetic", "limit": 1}],
+    "methods": [
+        {"name": "ar", "method": "autoregressive", "target": "target"},
+        {"name": "sd", "method": "speculative", "target": "target", "drafter": "draft", "grid": {"k": [2]}},
+        {"name": "pl", "method": "speculative", "target": "target", "drafter": "lookup"},
+    ],
+}
+# where each schema level sits in BASE
+LEVELS = {
+    (): Recipe,
+    ("generation",): GenerationSpec,
+    ("models", "draft"): ModelSpec,
+    ("models", "draft", "cost"): CostSpec,
+    ("datasets", 0): DatasetSpec,
+    ("methods", 1): MethodSpec,
+}
+# a value of the wrong type for each annotation
+WRONG = {int: "three", float: "fast", str: ["a", "list"], bool: "maybe", dict: 3, list: "x", Path: 12}
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    recipe: dict | None = None  # a recipe to write as YAML, or
+    raw: bytes | None = None  # the recipe file's bytes, or
+    argv: tuple[str, ...] | None = None  # a whole command line ({tmp} is the test's folder)
+    field: str = ""  # text the message must contain besides the file
+
+
+def _with(path: tuple, key, value) -> dict:
+    data = copy.deepcopy(BASE)
+    node = data
+    for part in path:
+        node = node[part]
+    if value is _DELETE:
+        del node[key]
+    else:
+        node[key] = value
+    return data
+
+
+_DELETE = object()
+
+
+def _base_type(annotation) -> type | None:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    origin = typing.get_origin(annotation)
+    if origin in (dict, list):
+        return origin
+    if args and origin is not typing.Literal:
+        return _base_type(args[0])
+    if origin is typing.Literal:
+        return str
+    return annotation if isinstance(annotation, type) else None
+
+
+def _field_path(path: tuple, key: str) -> str:
+    parts = [f"[{p}]" if isinstance(p, int) else f".{p}" for p in (*path, key)]
+    return "".join(parts).lstrip(".")
+
+
+def schema_cases() -> list[Case]:
+    cases = []
+    for path, model in LEVELS.items():
+        where = _field_path(path, "colour")
+        cases.append(Case(f"unknown key {where}", _with(path, "colour", 1), field="colour"))
+        for key, info in model.model_fields.items():
+            kind = _base_type(info.annotation)
+            if kind in WRONG and not (kind is str and key == "description"):
+                value = WRONG[kind]
+                cases.append(Case(f"wrong type {_field_path(path, key)}", _with(path, key, value), field=key))
+            for bound in info.metadata:
+                if isinstance(bound, (Ge, Gt)):
+                    low = bound.ge if isinstance(bound, Ge) else bound.gt
+                    value = low - 1 if isinstance(bound, Ge) else low
+                    if key in ("models", "datasets", "methods"):
+                        continue
+                    cases.append(
+                        Case(f"below bound {_field_path(path, key)}", _with(path, key, value), field=key)
+                    )
+                if isinstance(bound, Le):
+                    value = bound.le * 2 if bound.le > 0 else bound.le + 1
+                    cases.append(
+                        Case(f"above bound {_field_path(path, key)}", _with(path, key, value), field=key)
+                    )
+                if isinstance(bound, MinLen):
+                    empty = {} if kind is dict else [] if kind is list else ""
+                    cases.append(Case(f"empty {_field_path(path, key)}", _with(path, key, empty), field=key))
+            if info.is_required():
+                cases.append(Case(f"missing {_field_path(path, key)}", _with(path, key, _DELETE), field=key))
+    return cases
+
+
+def method_parameter_cases() -> list[Case]:
+    """Per registered method: an unknown parameter, and each parameter's wrong type and bounds."""
+    cases = []
+    for name, method in sorted(METHODS.items()):
+
+        def recipe_with(name=name, method=method, **changes) -> dict:
+            data = copy.deepcopy(BASE)
+            entry = {"name": "m", "method": name, "target": "target", **changes}
+            if method.drafter_list:
+                data["models"]["mag"] = {"source": "maxgram"}
+                entry["drafters"] = ["draft", "mag"]
+            elif method.needs_drafter:
+                entry["drafter"] = "draft"
+            data["methods"].append(entry)
+            return data
+
+        cases.append(Case(f"{name}: unknown parameter", recipe_with(params={"colour": 1}), field="colour"))
+        for param, spec in sorted(method.params.items()):
+            bad = [WRONG[spec.type] if spec.type in WRONG else None]
+            if spec.minimum is not None:
+                bad.append(spec.minimum - 1)
+            if spec.maximum is not None:
+                bad.append(spec.maximum + 1)
+            for value in (v for v in bad if v is not None):
+                data = recipe_with(params={param: value})
+                cases.append(Case(f"{name}: {param} = {value!r}", data, field=param))
+        grid = recipe_with(grid={next(iter(method.params), "k"): []})
+        cases.append(Case(f"{name}: empty grid", grid, field="grid"))
+    return cases
+
+
+def reference_cases() -> list[Case]:
+    def method(**changes) -> dict:
+        data = copy.deepcopy(BASE)
+        data["methods"][1].update(changes)
+        return data
+
+    twice = copy.deepcopy(BASE)
+    twice["methods"].append(copy.deepcopy(BASE["methods"][0]))
+    unused = _with(("models",), "spare", {"source": "tiny-llama"})
+    return [
+        Case("undefined target", method(target="nobody"), field="target"),
+        Case("undefined drafter", method(drafter="nobody"), field="drafter"),
+        Case("unknown method", method(method="speculativ"), field="method"),
+        Case("duplicate method name", twice, field="name"),
+        Case("unknown model source", _with(("models", "draft"), "source", "no-such-model"), field="source"),
+        Case("unknown task", _with(("datasets", 0), "task", "gsm9k"), field="task"),
+        Case("bad dtype", _with(("models", "draft"), "dtype", "float8"), field="dtype"),
+        Case("bad device", _with(("models", "draft"), "device", "tpu"), field="device"),
+        Case("model no method uses", unused, field="spare"),
+        Case("revision on a tiny model", _with(("models", "draft"), "revision", "main"), field="revision"),
+        Case("negative tiny layers", _with(("models", "draft"), "options", {"layers": -3}), field="layers"),
+        Case(
+            "absurd tiny width", _with(("models", "draft"), "options", {"hidden_size": 10**7}), field="hidden"
+        ),
+        Case("unknown model option", _with(("models", "draft"), "options", {"colour": 1}), field="colour"),
+        Case("huge max_new_tokens", _with(("generation",), "max_new_tokens", 10**9), field="max_new_tokens"),
+        Case("k beyond max_new_tokens", method(grid={"k": [8]}), field="k"),
+        Case("negative temperature", _with(("generation",), "temperature", -1.0), field="temperature"),
+        Case("negative cost", _with(("models", "draft"), "cost", {"pw": -1}), field="pw"),
+    ]
+
+
+def file_cases() -> list[Case]:
+    text = yaml.safe_dump(BASE)
+    return [
+        Case("YAML syntax error", raw=b"name: [unclosed\nmodels: {\n"),
+        Case("empty file", raw=b""),
+        Case("a list, not a mapping", raw=b"- 1\n- 2\n"),
+        Case("binary file", raw=bytes(range(256)) * 4),
+        Case("not UTF-8", raw=text.replace("faults", "f\xe4ults").encode("latin-1")),
+        Case("duplicate key", raw=(text + "name: again\n").encode()),
+        Case("tab indentation", raw=b"name: x\nmodels:\n\ttarget: {source: tiny-llama}\n"),
+    ]
+
+
+DATA_FILES = {
+    "missing": None,
+    "directory": "dir",
+    "empty": b"",
+    "binary": bytes(range(256)),
+    "not UTF-8": '{"question": "caf\xe9", "answer": "#### 1"}\n'.encode("latin-1"),
+    "not JSON": b"question: no\n",
+    "a row without the answer field": b'{"question": "1 + 1?"}\n',
+    "a row that is a list": b"[1, 2]\n",
+}
+BAD_CSV = {
+    "not a CSV": b"\x00\x01\x02 binary",
+    "no columns": b"",
+    "missing columns": b"dataset,cell\narithmetic/test,ar\n",
+    "ragged rows": b'dataset,cell,method\na,b\n"unclosed,x,y,z\n',
+}
+
+
+def _data_path(tmp: Path, label: str) -> Path:
+    return tmp / f"data-{label.replace(' ', '-')}.jsonl"
+
+
+def _csv_run(tmp: Path, label: str) -> Path:
+    return tmp / f"csv-{label.replace(' ', '-')}"
+
+
+def write_files(tmp: Path) -> None:
+    """The bad files the cases point at."""
+    for label, content in DATA_FILES.items():
+        path = _data_path(tmp, label)
+        if content == "dir":
+            path.mkdir()
+        elif content is not None:
+            path.write_bytes(content)
+    for label, content in BAD_CSV.items():
+        _csv_run(tmp, label).mkdir()
+        (_csv_run(tmp, label) / "cells.csv").write_bytes(content)
+    (tmp / "empty-dir").mkdir()
+    (tmp / "a-file").write_text("x")
+    (tmp / "torn-run").mkdir()
+    (tmp / "torn-run" / "examples.jsonl").write_bytes(b'{"key": "a"}\n{"key": "b", "tru')
+
+
+def data_file_cases(tmp: Path) -> list[Case]:
+    """``data_files`` that are missing, empty, binary, a directory, not UTF-8, or hold bad rows."""
+    cases = []
+    for label in DATA_FILES:
+        dataset = {"task": "gsm8k", "split": "test", "limit": 1, "data_files": str(_data_path(tmp, label))}
+        cases.append(Case(f"data file: {label}", _with(("datasets",), 0, dataset), field="datasets[0]"))
+    return cases
+
+
+def command_cases(tmp: Path) -> list[Case]:
+    torn = tmp / "torn-run"
+    cases = [
+        Case(f"report: cells.csv {label}", argv=("report", str(_csv_run(tmp, label))), field="cells.csv")
+        for label in BAD_CSV
+    ]
+    return cases + [
+        Case("report: missing directory", argv=("report", str(tmp / "nowhere")), field="nowhere"),
+        Case("report: a file, not a directory", argv=("report", str(tmp / "a-file")), field="a-file"),
+        Case("report: empty directory", argv=("report", str(tmp / "empty-dir")), field="empty-dir"),
+        Case("report: unknown format", argv=("report", str(tmp), "--format", "pdf"), field="format"),
+        Case("report: unknown paper", argv=("report", str(tmp), "--paper", "nope"), field="paper"),
+        Case("plot: missing directory", argv=("plot", str(tmp / "nowhere")), field="nowhere"),
+        Case("plot: torn examples.jsonl", argv=("plot", str(torn)), field="line 2"),
+        Case("plot: unknown figure", argv=("plot", str(torn), "--figure", "pie"), field="figure"),
+        Case("run: missing recipe", argv=("run", str(tmp / "nowhere.yaml")), field="nowhere.yaml"),
+        Case("run: recipe is a directory", argv=("run", str(tmp / "empty-dir")), field="empty-dir"),
+    ]
+
+
+def all_cases(tmp: Path) -> list[Case]:
+    return (
+        schema_cases()
+        + method_parameter_cases()
+        + reference_cases()
+        + file_cases()
+        + data_file_cases(tmp)
+        + command_cases(tmp)
+    )
+
+
+def outcome(case: Case, tmp: Path) -> tuple[int, str]:
+    if case.argv is not None:
+        argv = list(case.argv)
+    else:
+        recipe = tmp / "recipe.yaml"
+        recipe.write_bytes(case.raw if case.raw is not None else yaml.safe_dump(case.recipe).encode())
+        argv = ["run", str(recipe), "--output-dir", str(tmp / "out")]
+    result = runner.invoke(app, argv)
+    crashed = result.exception is not None and not isinstance(result.exception, SystemExit)
+    return result.exit_code, result.output + (f"\nTraceback: {result.exception!r}" if crashed else "")
+
+
+def problem(case: Case, code: int, output: str) -> str | None:
+    """Why the outcome is not a clean user error, or None."""
+    lines = [line for line in output.splitlines() if line.strip()]
+    if code != 2:
+        return f"exit {code}"
+    if "Traceback" in output or len(lines) != 1:
+        return f"{len(lines)} lines"
+    if not lines[0].startswith("error:") or "fix:" not in lines[0] and case.argv is None:
+        return "not an error with a fix"
+    if case.argv is None and "recipe.yaml" not in lines[0]:
+        return "does not name the file"
+    if case.field and case.field not in lines[0]:
+        return f"does not name {case.field!r}"
+    return None
+
+
+CASES = all_cases(Path("/nonexistent"))  # ids only; each test builds its files in its own folder
+
+
+def test_enough_cases_are_generated():
+    assert len(CASES) >= 60
+    assert len({case.id for case in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[case.id for case in CASES])
+def test_a_malformed_input_is_one_clean_line(index: int, tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")
+    write_files(tmp_path)
+    case = all_cases(tmp_path)[index]
+    code, output = outcome(case, tmp_path)
+    assert problem(case, code, output) is None, output
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "recipes").rglob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_recipe_is_valid(path: Path):
+    from specbench.recipe import load_recipe
+    from specbench.tasks import TASKS
+
+    assert load_recipe(path, known_tasks=set(TASKS)).cells()
+
+
+if __name__ == "__main__":  # the tally for the README
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        write_files(Path(folder))
+        tally: dict[str, int] = {}
+        for case in all_cases(Path(folder)):
+            bad = problem(case, *outcome(case, Path(folder)))
+            tally["clean" if bad is None else "not clean"] = (
+                tally.get("clean" if bad is None else "not clean", 0) + 1
+            )
+            if bad:
+                print(f"{case.id}: {bad}", file=sys.stderr)
+    print(json.dumps(tally))
