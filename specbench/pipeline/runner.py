@@ -225,16 +225,29 @@ class Runner:
         """Load every model a cell with work left needs, and check each cell's drafters against its
         target, before the first row: a bad option or tokenizer fails in minutes, not after the
         AR cell's hours. (A run keeps its models loaded anyway, so this costs no memory.)"""
-        pending = [
-            cell
-            for dataset, cells in plan
-            for cell in cells
-            if any(self._key(cell, dataset, example) not in done for example in dataset.examples)
-        ]
+        pending = []
+        for dataset, cells in plan:
+            for cell in cells:
+                keys = [self._key(cell, dataset, example) for example in dataset.examples]
+                if any(key not in done for key in keys):
+                    pending.append(cell)
+                for key, example in zip(keys, dataset.examples, strict=True):
+                    self._check_gold(dataset, example, self.log.by_key.get(key))
         for cell in pending:
             target = self.model(cell.target)
             for name in _drafter_names(cell):
                 self._check_vocab(cell, name, target, self.model(name))
+
+    def _check_gold(self, dataset: DatasetRun, example: Example, row: dict | None) -> None:
+        """A row keeps the hash of the gold answer it was scored against: a data file whose answers
+        changed since (the prompt, part of the key, did not) must not keep the old scores."""
+        if row is None or "gold_sha" not in row or row["gold_sha"] == _gold_sha(example):
+            return
+        raise SpecbenchError(
+            f"{self.recipe.path}: datasets ({dataset.label})",
+            f"the gold answer of example {example.id} changed since its rows were scored",
+            "run into a new --output-dir (or restore the data file these results were scored on)",
+        )
 
     def _key(self, cell: Cell, dataset: DatasetRun, example: Example) -> str:
         parts = [cell.fingerprint(self.recipe), dataset.label, example.id, example.prompt]
@@ -369,6 +382,7 @@ class Runner:
             "target": cell.target,
             "drafter": cell.drafter,
             "example_id": example.id,
+            "gold_sha": _gold_sha(example),
             "prompt_tokens": int(request.prompt_ids.shape[0]),
             "output_ids": generation.tokens,
             "output_text": text,
@@ -459,6 +473,10 @@ def _first_difference(replayed: Generation, live: Generation) -> str | None:
             mine, theirs = (a[i] if i < len(a) else "none"), (b[i] if i < len(b) else "none")
             return f"{what} {i}: replayed {mine}, live {theirs}"
     return None
+
+
+def _gold_sha(example: Example) -> str:
+    return _hash(example.reference, *example.answers)
 
 
 def _readable(cells: Path) -> bool:

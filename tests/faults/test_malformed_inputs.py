@@ -165,6 +165,13 @@ def method_parameter_cases() -> list[Case]:
     return cases
 
 
+def _local_model(name: str) -> dict:
+    """BASE with the drafter loaded from a local path of ``write_files``; {tmp} is filled in later."""
+    data = copy.deepcopy(BASE)
+    data["models"]["draft"] = {"source": "{tmp}/" + name}
+    return data
+
+
 def reference_cases() -> list[Case]:
     def method(**changes) -> dict:
         data = copy.deepcopy(BASE)
@@ -194,6 +201,8 @@ def reference_cases() -> list[Case]:
         Case("k beyond max_new_tokens", method(grid={"k": [8]}), field="k"),
         Case("negative temperature", _with(("generation",), "temperature", -1.0), field="temperature"),
         Case("negative cost", _with(("models", "draft"), "cost", {"pw": -1}), field="pw"),
+        Case("a model folder that is empty", _local_model("empty-model"), field="empty-model"),
+        Case("a .gguf file that is not GGUF", _local_model("fake.gguf"), field="fake.gguf"),
     ]
 
 
@@ -248,6 +257,8 @@ def write_files(tmp: Path) -> None:
         _csv_run(tmp, label).mkdir()
         (_csv_run(tmp, label) / "cells.csv").write_bytes(content)
     (tmp / "empty-dir").mkdir()
+    (tmp / "empty-model").mkdir()
+    (tmp / "fake.gguf").write_bytes(b"GGUF? no: " + bytes(range(64)))
     (tmp / "a-file").write_text("x")
     (tmp / "torn-run").mkdir()
     (tmp / "torn-run" / "examples.jsonl").write_bytes(b'{"key": "a"}\n{"key": "b", "tru')
@@ -298,7 +309,8 @@ def outcome(case: Case, tmp: Path) -> tuple[int, str]:
         argv = list(case.argv)
     else:
         recipe = tmp / "recipe.yaml"
-        recipe.write_bytes(case.raw if case.raw is not None else yaml.safe_dump(case.recipe).encode())
+        text = case.raw if case.raw is not None else yaml.safe_dump(case.recipe).encode()
+        recipe.write_bytes(text.replace(b"{tmp}", str(tmp).encode()))
         argv = ["run", str(recipe), "--output-dir", str(tmp / "out")]
     result = runner.invoke(app, argv)
     crashed = result.exception is not None and not isinstance(result.exception, SystemExit)

@@ -124,3 +124,25 @@ def test_a_full_disk_takes_back_the_partial_row(tmp_path: Path, monkeypatch):
     monkeypatch.undo()
     assert path.read_bytes() == b'{"key":"a"}\n'  # no torn line left behind
     assert [r["key"] for r in ExampleLog(path).rows] == ["a"]
+
+
+def test_a_data_file_whose_answers_changed_is_noticed(tmp_path: Path):
+    data = tmp_path / "gsm8k.jsonl"
+    rows = [{"question": "What is 2 + 3?", "answer": "2 + 3 = 5\n#### 5"}]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        TINY.read_text()
+        .replace("task: arithmetic", f"task: gsm8k\n    data_files: {data}")
+        .replace("max_new_tokens: 24", "max_new_tokens: 4")
+    )
+    out = tmp_path / "out"
+    assert runner.invoke(app, ["run", str(recipe), "-o", str(out)]).exit_code == 0
+    rows[0]["answer"] = "2 + 3 = 6\n#### 6"  # the gold changes, the prompt (in the row key) does not
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = runner.invoke(app, ["run", str(recipe), "-o", str(out), "--resume"])
+    message = " ".join(result.output.split())
+    assert result.exit_code == 2 and "the gold answer of example gsm8k/test/0 changed" in message
+    rows[0]["question"] = "What is 2 + 4?"  # a changed prompt is a new row: computed, not refused
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert runner.invoke(app, ["run", str(recipe), "-o", str(out), "--resume"]).exit_code == 0
