@@ -70,7 +70,11 @@ def _hash(*parts: str) -> str:
 
 def _model_request(recipe: Recipe, name: str) -> registry.ModelRequest:
     spec = recipe.models[name]
-    options = tuple(sorted((spec.options or {}).items()))
+    options = dict(spec.options or {})
+    bigram = options.get("bigram")
+    if isinstance(bigram, str) and not bigram.startswith(("/", "~", "$", registry.DISTILLED_PREFIX)):
+        options["bigram"] = str(recipe.path.parent / bigram)  # a recipe's paths start at its folder
+    options = tuple(sorted(options.items()))
     return registry.ModelRequest(name, spec.source, spec.dtype, spec.device, spec.revision, options)
 
 

@@ -146,3 +146,34 @@ def test_a_data_file_whose_answers_changed_is_noticed(tmp_path: Path):
     rows[0]["question"] = "What is 2 + 4?"  # a changed prompt is a new row: computed, not refused
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     assert runner.invoke(app, ["run", str(recipe), "-o", str(out), "--resume"]).exit_code == 0
+
+
+def test_a_recipes_bigram_path_starts_at_the_recipes_folder(tmp_path: Path):
+    import torch
+
+    from specbench.drafters.bigram import BigramTable
+
+    (tmp_path / "tables").mkdir()
+    BigramTable(torch.arange(300)).save(tmp_path / "tables" / "t.json")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        TINY.read_text().replace(
+            "  lookup:\n    source: prompt-lookup\n",
+            "  lookup:\n    source: maxgram\n    options: {bigram: tables/t.json}\n",
+        )
+    )
+    result = runner.invoke(app, ["run", str(recipe), "-o", str(tmp_path / "out"), "--limit", "1"])
+    assert result.exit_code == 0, result.output  # run from the repository root, not the recipe's folder
+
+
+def test_out_of_memory_while_loading_is_one_line(monkeypatch):
+    import torch
+
+    from specbench.models import registry, tiny
+
+    def exhausted(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 GiB")
+
+    monkeypatch.setattr(tiny, "build_tiny", exhausted)
+    with pytest.raises(SpecbenchError, match=r"models.big: out of memory while loading tiny-llama"):
+        registry.load(registry.ModelRequest("big", "tiny-llama"))
