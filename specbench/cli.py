@@ -60,15 +60,34 @@ def run(
     resume: bool = typer.Option(
         False, "--resume", help="Continue a run in OUTPUT_DIR, skipping finished rows."
     ),
+    repeats: int = typer.Option(
+        None,
+        "--repeats",
+        min=1,
+        max=100,
+        help="Measure each timed row N times (outputs and counts must agree; rows keep every repeat). "
+        "Overrides the recipe's repeats:.",
+    ),
+    schedule: str = typer.Option(
+        None,
+        "--schedule",
+        help="interleaved: every cell per example back to back, so machine drift hits all cells alike "
+        "(the default); by-cell: each cell over all its examples in turn. Overrides the recipe's schedule:.",
+    ),
 ):
     """Run every cell of RECIPE on every example; write examples.jsonl, cells.csv and run records."""
     from specbench.pipeline.runner import Runner
+    from specbench.pipeline.schedule import SCHEDULES
     from specbench.recipe import load_recipe
     from specbench.tasks import TASKS
 
     loaded = load_recipe(recipe, known_tasks=set(TASKS))
     if seed is not None:
         loaded = loaded.model_copy(update={"seed": seed})
+    if schedule is not None and schedule not in SCHEDULES:
+        raise SpecbenchError("--schedule", f"unknown schedule {schedule!r}", f"use {' or '.join(SCHEDULES)}")
+    overrides = {"repeats": repeats, "schedule": schedule}
+    loaded = loaded.model_copy(update={k: v for k, v in overrides.items() if v is not None})
     out = output_dir or Path("results") / loaded.name
     Runner(loaded, out, limit=limit, resume=resume, console=err).run()
     err.print(f"results written to {out} — see them with: specbench report {out}")
@@ -140,12 +159,29 @@ def report(
         "method's Pareto frontier over α); specdecpp (Table 1 throughput and speedup, discard and "
         "verification rates, fitted t_draft/t_target). Formats: table, markdown, csv.",
     ),
+    by: str = typer.Option(
+        None,
+        "--by",
+        help="category: Spec-Bench's leaderboard from examples.jsonl, one row per method cell: speedup "
+        "over AR per category (MT-Bench, Translation, Summarization, QA, Math, RAG) and overall, with "
+        "paired bootstrap intervals, and #Mean Accepted Tokens. Needs rows that carry a category "
+        "(task spec_bench).",
+    ),
 ):
     """One table per dataset: method, drafters, k, SWI (MS, PW), tokens/s, speedup, acceptance, quality.
 
     With --paper, the paper's table instead: each paper row beside the best of our matching cells.
+    With --by category, Spec-Bench's leaderboard by category (Xia et al., Findings of ACL 2024).
     """
-    if paper is not None:
+    if by is not None:
+        if by != "category":
+            raise SpecbenchError("--by", f"unknown breakdown {by!r}", "use --by category")
+        if paper is not None:
+            raise SpecbenchError("--by", "cannot be combined with --paper", "pass one of --by and --paper")
+        from specbench.pipeline.categories import render_categories
+
+        text = render_categories(results, format)
+    elif paper is not None:
         from specbench.papers.registry import check_paper, render_paper
 
         check_paper(paper)  # a misspelt name is reported before the results are read
@@ -154,6 +190,29 @@ def report(
         from specbench.pipeline.report import render
 
         text = render(results, format)
+    if text is not None:
+        sys.stdout.write(text + ("" if text.endswith("\n") else "\n"))
+
+
+@app.command()
+@user_errors
+def compare(
+    runs: list[Path] = typer.Argument(
+        ..., help="Two run directories or more (each holding cells.csv); the first is the reference."
+    ),
+    format: str = typer.Option("table", "--format", "-f", help="table (Rich), csv, markdown or latex."),
+):
+    """The same cells of several runs side by side, one table per dataset.
+
+    Cells are matched on dataset and cell id. Per run: tokens/s, speedup over that run's AR cell and
+    SWI MS (each with its 95% bootstrap interval where cells.csv has one; older files show the value
+    alone), acceptance length; and for each run after the first, its tokens/s over the first run's on
+    the same cell (> 1: faster). A cell missing from a run, or a value it did not measure (replayed
+    cells have no time), shows "—". Example: specbench compare results/quickstart results/quickstart-mine
+    """
+    from specbench.pipeline.compare import render_compare
+
+    text = render_compare(runs, format)
     if text is not None:
         sys.stdout.write(text + ("" if text.endswith("\n") else "\n"))
 

@@ -198,6 +198,11 @@ class Recipe(_Strict):
     warmup: int = Field(default=1, ge=0)  # examples run once per cell before timing, not recorded
     lossless_check: bool = True
     replay_check: int = Field(default=2, ge=0)  # first N examples of every replayed cell also run live
+    # the order rows are measured in (specbench.pipeline.schedule): every cell per example back to back
+    # (drift hits all alike), or each cell over all its examples in turn
+    schedule: Literal["interleaved", "by-cell"] = "interleaved"
+    # each timed row measured this many times (outputs and counts must agree); rows keep every repeat
+    repeats: int = Field(default=1, ge=1, le=100)
     generation: GenerationSpec = Field(default_factory=GenerationSpec)
     models: dict[str, ModelSpec] = Field(min_length=1)
     datasets: list[DatasetSpec] = Field(min_length=1)

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from specbench.errors import SpecbenchError
-from specbench.tasks import TASKS, Example, get_task, render_prompt
+from specbench.models.tiny import CHAT_TEMPLATE, byte_tokenizer
+from specbench.tasks import TASKS, Example, get_task, render_prompt, render_turn
 from specbench.tasks.gsm8k import last_number, reference_answer
 from specbench.tasks.mmlu import chosen_letter
+from specbench.tasks.spec_bench import HEADLINE_CATEGORY, HEADLINES, headline_category
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -271,6 +273,82 @@ def test_spec_bench_first_turns_and_alpaca_seed_from_the_data_dir(data_dir):
     assert len(seeds) == 175 and all(s.prompt for s in seeds)
     with_input = next(s for s in seeds if "\n\n" in s.prompt)
     assert with_input.prompt.split("\n\n")[1].strip()
+
+
+@pytest.fixture
+def spec_bench_questions(monkeypatch) -> list[Example]:
+    """Spec-Bench's 480 questions from $SPECBENCH_DATA_DIR, else ../shared/data; skipped without them."""
+    path = Path(os.environ.get("SPECBENCH_DATA_DIR") or SHARED_DATA)
+    if not (path / "spec_bench" / "question.jsonl").is_file():
+        pytest.skip(f"no spec_bench/question.jsonl at {path}: set SPECBENCH_DATA_DIR")
+    monkeypatch.setenv("SPECBENCH_DATA_DIR", str(path))
+    return get_task("spec_bench").load()
+
+
+def test_spec_bench_keeps_every_category_and_the_six_headlines_hold_80_questions_each(spec_bench_questions):
+    assert len(spec_bench_questions) == 480
+    raw = {q.category for q in spec_bench_questions}
+    assert raw == set(HEADLINE_CATEGORY) and len(raw) == 13  # every raw label is mapped, none is left over
+    counts = {h: sum(headline_category(q.category) == h for q in spec_bench_questions) for h in HEADLINES}
+    assert counts == dict.fromkeys(HEADLINES, 80)
+    assert (
+        headline_category("writing") == "mt_bench" and headline_category("math_reasoning") == "math_reasoning"
+    )
+    with pytest.raises(SpecbenchError, match="'poetry'"):
+        headline_category("poetry")
+
+
+def test_spec_bench_multi_turn_questions_keep_their_second_turn(spec_bench_questions):
+    multi = [q for q in spec_bench_questions if q.turns]
+    assert len(multi) == 80 and all(len(q.turns) == 1 for q in multi)  # 2 turns: prompt + turns[0]
+    assert {headline_category(q.category) for q in multi} == {"mt_bench"}
+    assert all(q.turns == () for q in spec_bench_questions if headline_category(q.category) != "mt_bench")
+    first = multi[0]  # question 81 of the file: the Hawaii travel blog, then "Rewrite ... letter A."
+    assert first.id == "spec_bench/81" and first.prompt.startswith("Compose an engaging travel blog post")
+    assert first.turns == ("Rewrite your previous response. Start every sentence with the letter A.",)
+
+
+def _two_turns() -> Example:
+    return Example("mt/1", "Name a colour.", "", category="writing", turns=("Now a fruit.",))
+
+
+def test_render_turn_zero_is_render_prompt_and_turn_one_follows_the_models_own_answer():
+    tokenizer = byte_tokenizer()
+    assert tokenizer.chat_template == CHAT_TEMPLATE  # a real Jinja chat template, built in-process
+    example = _two_turns()
+    assert render_turn(example, [], tokenizer, True) == render_prompt(example, tokenizer, True)
+    turn1 = render_turn(example, ["  Blue.\n"], tokenizer, True)
+    # the template: "<s>{role}\n{content}</s>\n" per message, then "<s>assistant\n"; the answer stripped
+    assert turn1 == (
+        "<s>user\nName a colour.</s>\n<s>assistant\nBlue.</s>\n<s>user\nNow a fruit.</s>\n<s>assistant\n"
+    )
+    assert turn1.index("Name a colour.") < turn1.index("Blue.") < turn1.index("Now a fruit.")
+    # another template: the same messages in order, whatever the markup
+    tokenizer.chat_template = (
+        "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant] {% endif %}"
+    )
+    assert render_turn(example, ["Blue."], tokenizer, True) == (
+        "[user] Name a colour.\n[assistant] Blue.\n[user] Now a fruit.\n[assistant] "
+    )
+
+
+def test_render_turn_without_a_chat_template_continues_the_plain_text():
+    example = _two_turns()
+    assert render_turn(example, [], None, False) == render_prompt(example, None, False) == "Name a colour."
+    # the answer exactly as generated after the prompt, a blank line, the next question
+    assert render_turn(example, [" Blue."], None, False) == "Name a colour. Blue.\n\nNow a fruit."
+
+
+def test_render_turn_refuses_a_turn_the_example_does_not_have_and_a_missing_template():
+    with pytest.raises(SpecbenchError, match="has 2 turn"):
+        render_turn(_two_turns(), ["Blue.", "Apple."], None, False)
+    with pytest.raises(SpecbenchError, match="has 1 turn"):
+        render_turn(example("spec_bench", ""), ["answer"], None, False)
+    tokenizer = byte_tokenizer()
+    tokenizer.chat_template = None
+    with pytest.raises(SpecbenchError, match="no chat template"):
+        render_turn(_two_turns(), ["Blue."], tokenizer, True)
 
 
 def test_a_task_without_a_hub_dataset_names_the_local_file_it_needs(no_data_dir):

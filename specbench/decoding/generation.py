@@ -42,6 +42,32 @@ class Generation:
         drafted = sum(d for d, _ in self.steps)
         return None if drafted == 0 else sum(a for _, a in self.steps) / drafted
 
+    @classmethod
+    def joined(cls, turns: list[Generation]) -> Generation:
+        """The turns of one conversation as one generation (Spec-Bench's multi-turn questions): the
+        tokens, steps and counts of all turns, their summed time, the first turn's TTFT."""
+        forwards: dict[str, dict[str, float]] = {}
+        for turn in turns:
+            for model, counts in turn.forwards.items():
+                total = forwards.setdefault(model, {})
+                for name, value in counts.items():
+                    total[name] = total.get(name, 0) + value
+        inner: dict[str, list[tuple[int, int]]] = {}
+        for turn in turns:
+            for name, steps in turn.inner_steps.items():
+                inner.setdefault(name, []).extend(steps)
+        deferrals = [t.deferrals for t in turns if t.deferrals is not None]
+        return cls(
+            tokens=[token for turn in turns for token in turn.tokens],
+            walltime=sum(turn.walltime for turn in turns),
+            ttft=turns[0].ttft,
+            steps=[step for turn in turns for step in turn.steps],
+            forwards=forwards,
+            stopped_by_eos=turns[-1].stopped_by_eos,
+            inner_steps=inner,
+            deferrals=sum(deferrals) if deferrals else None,
+        )
+
     def accepted_by_position(self) -> list[tuple[int, int]]:
         """(proposed, accepted) counts for draft positions 1, 2, ...: the CS Drafting Figure 2 data."""
         longest = max((d for d, _ in self.steps), default=0)
@@ -101,3 +127,29 @@ def commit(verdict, drafts: torch.Tensor, out: torch.Tensor, generated: int) -> 
     n = packed[0]
     out[generated + n] = verdict.next_token
     return n, packed[1 : 1 + n] + [packed[-1]]
+
+
+def first_difference(replayed: Generation, live: Generation) -> str | None:
+    """The first count, step or token in which two generations of one request differ, in words."""
+    for model in sorted(live.forwards.keys() | replayed.forwards.keys()):
+        for count in ("forward_passes", "tokens_scored", "encoder_passes"):
+            a = replayed.forwards.get(model, {}).get(count)
+            b = live.forwards.get(model, {}).get(count)
+            if a != b:
+                return f"{model} {count}: replayed {a}, live {b}"
+    steps = [("target step", replayed.steps, live.steps)]
+    steps += [
+        (f"{name} review", replayed.inner_steps.get(name, []), live.inner_steps.get(name, []))
+        for name in sorted(live.inner_steps.keys() | replayed.inner_steps.keys())
+    ]
+    for what, a, b in [*steps, ("output token", replayed.tokens, live.tokens)]:
+        a, b = [_plain(x) for x in a], [_plain(x) for x in b]
+        if a != b:
+            i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+            mine, theirs = (a[i] if i < len(a) else "none"), (b[i] if i < len(b) else "none")
+            return f"{what} {i}: replayed {mine}, live {theirs}"
+    return None
+
+
+def _plain(value):
+    return tuple(value) if isinstance(value, (list, tuple)) else value

@@ -66,3 +66,24 @@ def swi(tokens: float, forwards: dict[str, float], costs: dict[str, float | None
     if math.isnan(spent) or not spent or target_cost is None:
         return math.nan
     return tokens * target_cost / spent
+
+
+def cell_costs(recipe, cell, target, drafters: dict) -> dict:
+    """Per-model cost coefficients of a cell under MS and PW, relative to its target (= 1): MS from
+    parameter counts, PW from the recipe's ``cost: {pw: ...}`` (0 for a statistical drafter)."""
+    ms = {cell.target: 1.0}
+    pw = {cell.target: _pw_of(recipe, cell.target, True)}
+    for name, drafter in drafters.items():
+        ms[name] = drafter.num_parameters / target.num_parameters
+        pw[name] = 0.0 if drafter.num_parameters == 0 else _pw_of(recipe, name, False)
+    return {"ms": ms, "pw": pw}
+
+
+def _pw_of(recipe, name: str, role_target: bool) -> float | None:
+    cost = recipe.models[name].cost
+    value = getattr(cost, "pw", None) if cost is not None else None
+    if value is None:
+        return 1.0 if role_target else None
+    if hasattr(value, "model_dump"):
+        value = value.model_dump()
+    return pw_cost(value, f"{recipe.path}: models.{name}.cost.pw")

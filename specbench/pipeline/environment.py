@@ -8,9 +8,12 @@ times, row count and versions, so a run resumed on another machine or version sa
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import platform
+import resource
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +25,9 @@ from specbench.models.hf import HFModel
 from specbench.pipeline.results import ENVIRONMENT, RESULTS_FORMAT, write_atomic
 
 
-def write_environment(directory: Path, recipe, models: dict, started: str, rows: int, ended: bool) -> None:
+def write_environment(
+    directory: Path, recipe, models: dict, started: str, rows: int, ended: bool, gpu: list | None = None
+) -> None:
     path = Path(directory) / ENVIRONMENT
     try:
         earlier = json.loads(path.read_text()) if path.exists() else {}
@@ -61,10 +66,64 @@ def write_environment(directory: Path, recipe, models: dict, started: str, rows:
         "ended": now() if ended else None,
         "rows": rows,
         **{key: env[key] for key in ("specbench", "git", "platform", "torch", "transformers", "cuda")},
+        "gpu_samples": gpu or [],
+        "collect_env": collect_env(),
     }
     sessions = [s for s in earlier.get("sessions", []) if s.get("started") != started]
     env["sessions"] = [*sessions, session]
     write_atomic(path, json.dumps(env, indent=2) + "\n")
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """CUDA: the most memory allocated on the target's device during this row. CPU: the process's peak
+    resident set so far (the kernel keeps no per-interval peak), so it only ever grows."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+# what nvidia-smi reports at the start and end of each cell: a throttled or hot GPU explains a number
+GPU_FIELDS = ("clocks.sm", "clocks.mem", "power.draw", "temperature.gpu")
+
+
+def gpu_sample() -> list[dict] | None:
+    """SM and memory clocks (MHz), power (W) and temperature (C) of every GPU, now; None without
+    ``nvidia-smi``."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    query = ["nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    gpus = []
+    for line in out.strip().splitlines():
+        values = [v.strip() for v in line.split(",")]
+        gpus.append({f: _number(v) for f, v in zip(GPU_FIELDS, values, strict=False)})
+    return gpus
+
+
+def _number(text: str):
+    try:
+        return float(text)
+    except ValueError:
+        return text  # "[N/A]" and the like, as reported
+
+
+@functools.cache
+def collect_env() -> str:
+    """PyTorch's environment report (``python -m torch.utils.collect_env``), once per process."""
+    try:
+        from torch.utils.collect_env import get_pretty_env_info
+
+        return get_pretty_env_info()
+    except Exception as error:  # it shells out to pip, conda and nvidia-smi; never fail a run on it
+        return f"unavailable ({type(error).__name__})"
 
 
 def now() -> str:

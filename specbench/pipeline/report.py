@@ -120,34 +120,54 @@ def _method_label(name: str, cell: str) -> str:
 
 
 def render(results: Path, fmt: str = "table", console: Console | None = None) -> str | None:
-    if fmt not in FORMATS:
-        raise SpecbenchError("--format", f"unknown format {fmt!r}", f"use one of {', '.join(FORMATS)}")
+    check_format_name(fmt)
     cells = load_cells(results)
     frame = display_frame(cells)
+    note = (
+        "SWI = generated tokens x c_target / sum of forward passes x c_model (ratio of sums); MS: cost by "
+        "parameter count; PW: prior-work table. speedup: tokens/s over the AR cell of the same run."
+        + _bootstrap_note(cells)
+    )
+    return emit(frame, list(_by_dataset(frame)), fmt, note, console)
+
+
+def check_format_name(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise SpecbenchError("--format", f"unknown format {fmt!r}", f"use one of {', '.join(FORMATS)}")
+
+
+LEFT_COLUMNS = ("method", "drafters", "run", "dataset", "cell")
+
+
+def emit(
+    flat: pd.DataFrame,
+    tables: list[tuple[str, pd.DataFrame]],
+    fmt: str,
+    note: str = "",
+    console: Console | None = None,
+) -> str | None:
+    """``flat`` as CSV, or the titled ``tables`` as Markdown sections, LaTeX tabulars or Rich tables
+    (printed, with ``note`` below them; None is returned)."""
+    check_format_name(fmt)
     if fmt == "csv":
-        return frame.to_csv(index=False)
+        return flat.to_csv(index=False)
     if fmt == "markdown":
-        return "\n\n".join(f"### {name}\n\n{_markdown(group)}" for name, group in _by_dataset(frame))
+        return "\n\n".join(f"### {name}\n\n{_markdown(group)}" for name, group in tables)
     if fmt == "latex":
-        return "\n\n".join(_latex(name, group) for name, group in _by_dataset(frame))
+        return "\n\n".join(_latex(name, group) for name, group in tables)
     if console is None:
         console = Console()
         if not console.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
             console = Console(width=220)
-    for name, group in _by_dataset(frame):
+    for name, group in tables:
         table = Table(title=name, title_justify="left")
         for column in group.columns:
-            table.add_column(column, justify="left" if column in ("method", "drafters", "run") else "right")
+            table.add_column(column, justify="left" if column in LEFT_COLUMNS else "right")
         for record in group.itertuples(index=False):
             table.add_row(*(str(v) for v in record))
         console.print(table)
-    console.print(
-        "SWI = generated tokens x c_target / sum of forward passes x c_model (ratio of sums); MS: cost by "
-        "parameter count; PW: prior-work table. speedup: tokens/s over the AR cell of the same run."
-        + _bootstrap_note(cells),
-        style="dim",
-        markup=False,  # "[low, high]" is text, not a Rich style tag
-    )
+    if note:
+        console.print(note, style="dim", markup=False)  # "[low, high]" is text, not a Rich style tag
     return None
 
 
@@ -178,7 +198,11 @@ def _markdown(frame: pd.DataFrame) -> str:
 
 
 def _latex(title: str, frame: pd.DataFrame) -> str:
-    escape = lambda s: str(s).replace("_", r"\_").replace("%", r"\%").replace("&", r"\&")  # noqa: E731
+    def escape(text) -> str:  # the characters LaTeX reads as commands in a table's text
+        for char in "_%&#$":
+            text = str(text).replace(char, "\\" + char)
+        return text
+
     lines = [
         r"\begin{tabular}{" + "l" * 2 + "r" * (len(frame.columns) - 2) + "}",
         r"\toprule",

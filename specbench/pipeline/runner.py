@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import math
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,15 +28,22 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from specbench.decoding.generation import Generation
+from specbench.decoding.generation import Generation, first_difference
 from specbench.decoding.sampling import SamplingParams
 from specbench.errors import SpecbenchError
 from specbench.methods import METHODS, Request
 from specbench.models import registry
 from specbench.models.hf import HFModel
 from specbench.models.replay import ReplayError, ReplayTarget
-from specbench.pipeline.costs import pw_cost
-from specbench.pipeline.environment import now, write_environment
+from specbench.pipeline.costs import cell_costs
+from specbench.pipeline.datasets import DatasetRun, load_datasets
+from specbench.pipeline.environment import (
+    gpu_sample,
+    now,
+    peak_memory_mb,
+    reset_peak_memory,
+    write_environment,
+)
 from specbench.pipeline.report import read_cells_csv
 from specbench.pipeline.results import (
     CELLS,
@@ -49,19 +56,11 @@ from specbench.pipeline.results import (
     check_format,
     write_atomic,
 )
+from specbench.pipeline.rows import build_row, divergence, gold_sha
+from specbench.pipeline.schedule import work_order
 from specbench.pipeline.summary import write_cells_csv
 from specbench.recipe import Cell, Recipe
-from specbench.tasks import Example, get_task, render_prompt
-
-
-@dataclass
-class DatasetRun:
-    label: str  # e.g. "gsm8k/test"
-    task: object
-    examples: list[Example]
-    chat_template: bool
-    execute_code: bool = False  # the recipe's opt-in to run generated code (code tasks' pass@1)
-    max_new_tokens: int | None = None  # the dataset's own output length (else the recipe's)
+from specbench.tasks import Example, render_turn
 
 
 def _hash(*parts: str) -> str:
@@ -83,16 +82,6 @@ def _drafter_names(cell: Cell) -> tuple[str, ...]:
     return cell.drafters or ((cell.drafter,) if cell.drafter else ())
 
 
-def _pw_of(recipe: Recipe, name: str, role_target: bool) -> float | None:
-    cost = recipe.models[name].cost
-    value = getattr(cost, "pw", None) if cost is not None else None
-    if value is None:
-        return 1.0 if role_target else None
-    if hasattr(value, "model_dump"):
-        value = value.model_dump()
-    return pw_cost(value, f"{recipe.path}: models.{name}.cost.pw")
-
-
 class Runner:
     def __init__(
         self,
@@ -102,6 +91,7 @@ class Runner:
         limit: int | None = None,
         resume: bool = False,
         console: Console | None = None,
+        schedule: str | None = None,  # overrides the recipe's (tuning runs measure by cell)
     ):
         self.recipe = recipe
         self.output_dir = Path(output_dir)
@@ -122,6 +112,9 @@ class Runner:
         self.models: dict[str, object] = {}
         self.started = now()
         self.written = 0  # rows this process appended
+        self.repeats = recipe.repeats
+        self.gpu_samples: list[dict] = []  # nvidia-smi at each cell's first and last row
+        self.schedule = schedule or recipe.schedule
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -142,32 +135,7 @@ class Runner:
             raise SpecbenchError(f"{self.recipe.path}: {where}", error.problem, error.fix) from None
 
     def datasets(self) -> list[DatasetRun]:
-        runs = []
-        for i, spec in enumerate(self.recipe.datasets):
-            task = get_task(spec.task)
-            split = spec.split or task.default_split
-            limit = (
-                min(x for x in (spec.limit, self.limit) if x is not None)
-                if (spec.limit or self.limit)
-                else None
-            )
-            data_files = str(spec.data_files) if spec.data_files else None
-            if spec.execute_code and not task.executes_code:
-                raise SpecbenchError(
-                    f"{self.recipe.path}: datasets[{i}].execute_code",
-                    f"task {spec.task} does not run generated code",
-                    "remove execute_code (it applies to code tasks such as humaneval and mbpp)",
-                )
-            with self._blame(f"datasets[{i}]"):
-                if spec.every == 1:
-                    examples = task.load(split=split, data_files=data_files, limit=limit)
-                else:
-                    examples = task.load(split=split, data_files=data_files)[:: spec.every][:limit]
-            label = f"{spec.task}/{split}"
-            runs.append(
-                DatasetRun(label, task, examples, spec.chat_template, spec.execute_code, spec.max_new_tokens)
-            )
-        return runs
+        return load_datasets(self.recipe, self.limit, self._blame)
 
     # -- running ---------------------------------------------------------------------------
 
@@ -201,6 +169,10 @@ class Runner:
         self._preflight(plan, done)
         write_atomic(self.output_dir / RESOLVED_RECIPE, yaml.safe_dump(recipe.resolved(), sort_keys=False))
         written_before = self.written
+        order = work_order(
+            plan, lambda d, c, e: self._key(c, d, e) not in done, self.schedule, self.recipe.seed
+        )
+        todo = Counter((dataset.label, cell.id) for dataset, cell, _ in order)
         total = sum(len(dataset.examples) * len(cells) for dataset, cells in plan)
         with Progress(
             TextColumn("[bold]{task.description}"),
@@ -212,9 +184,16 @@ class Runner:
             transient=False,
         ) as progress:
             overall = progress.add_task("all cells", total=total, stats="")
-            for dataset, cells in plan:
-                for cell in cells:
-                    self._run_cell(dataset, cell, done, progress, overall)
+            progress.advance(overall, total - len(order))
+            started: dict[tuple[str, str], _CellState] = {}
+            for dataset, cell, example in order:
+                state = started.get((dataset.label, cell.id))
+                if state is None:
+                    state = started[dataset.label, cell.id] = self._start_cell(
+                        dataset, cell, progress, todo[dataset.label, cell.id]
+                    )
+                self._run_example(dataset, cell, example, state, progress)
+                progress.advance(overall)
         ran = self.written > written_before
         if ran or not (self.output_dir / ENVIRONMENT).exists():
             self._write_environment(ended=True)
@@ -245,7 +224,7 @@ class Runner:
     def _check_gold(self, dataset: DatasetRun, example: Example, row: dict | None) -> None:
         """A row keeps the hash of the gold answer it was scored against: a data file whose answers
         changed since (the prompt, part of the key, did not) must not keep the old scores."""
-        if row is None or "gold_sha" not in row or row["gold_sha"] == _gold_sha(example):
+        if row is None or "gold_sha" not in row or row["gold_sha"] == gold_sha(example):
             return
         raise SpecbenchError(
             f"{self.recipe.path}: datasets ({dataset.label})",
@@ -254,11 +233,13 @@ class Runner:
         )
 
     def _key(self, cell: Cell, dataset: DatasetRun, example: Example) -> str:
-        parts = [cell.fingerprint(self.recipe), dataset.label, example.id, example.prompt]
+        parts = [cell.fingerprint(self.recipe), dataset.label, example.id, example.prompt, *example.turns]
         if dataset.execute_code:  # rows graded by running code differ from ungraded ones
             parts.append("execute_code")
         if dataset.max_new_tokens is not None:
             parts.append(f"max_new_tokens={dataset.max_new_tokens}")
+        if self.repeats > 1 and not cell.replay:  # rows measured once stay valid for repeats: 1
+            parts.append(f"repeats={self.repeats}")
         return _hash(*parts)
 
     def rows(self, dataset: DatasetRun, cell: Cell) -> list[dict]:
@@ -266,45 +247,83 @@ class Runner:
         keys = (self._key(cell, dataset, example) for example in dataset.examples)
         return [self.log.by_key[key] for key in keys if key in self.log.by_key]
 
-    def _run_cell(self, dataset: DatasetRun, cell: Cell, done: set[str], progress: Progress, overall) -> None:
-        todo = [ex for ex in dataset.examples if self._key(cell, dataset, ex) not in done]
-        progress.advance(overall, len(dataset.examples) - len(todo))
-        if not todo:
-            return
+    def _start_cell(self, dataset: DatasetRun, cell: Cell, progress: Progress, todo: int) -> _CellState:
+        """The cell's models, its progress bar, and its warm-up (unrecorded) before its first row."""
         target = self.model(cell.target)
-        for name in _drafter_names(cell):
-            self._check_vocab(cell, name, target, self.model(name))
         if cell.drafters:  # a cascade gets every drafter, largest first, the statistical one last
             drafter = [self.model(name) for name in cell.drafters]
         else:
             drafter = self.model(cell.drafter) if cell.drafter else None
         label = f"{dataset.label} {cell.id}" + (" (replayed)" if cell.replay else "")
-        bar = progress.add_task(label, total=len(todo), stats="")
+        state = _CellState(target, drafter, progress.add_task(label, total=todo, stats=""), todo)
+        self._sample_gpu(dataset, cell, "start")
         for example in dataset.examples[: self.recipe.warmup]:
             self._generate(dataset, cell, target, drafter, example, check=False)
-        checked = {example.id for example in dataset.examples[: self.recipe.replay_check]}
-        tokens = seconds = steps = 0.0
-        for example in todo:
-            request, generation, replay = self._generate(
-                dataset, cell, target, drafter, example, check=cell.replay and example.id in checked
-            )
-            if not self.written:  # this session's versions are on disk before its first row
-                self._write_environment(ended=False)
-            self.log.append(self._row(dataset, cell, example, target, request, generation, replay))
-            self.written += 1
-            tokens += len(generation.tokens)
-            seconds += generation.walltime
-            steps += len(generation.steps)
-            stats = f"acc.len {tokens / max(steps, 1):.2f}"
-            if not cell.replay:
-                stats += f" · {tokens / max(seconds, 1e-9):.1f} tok/s"
-            progress.update(bar, advance=1, stats=stats)
-            progress.advance(overall)
+        return state
+
+    def _run_example(self, dataset: DatasetRun, cell: Cell, example: Example, state, progress) -> None:
+        check = cell.replay and example.id in {e.id for e in dataset.examples[: self.recipe.replay_check]}
+        request, generation, replay, repeats = self._measure(dataset, cell, state, example, check)
+        if not self.written:  # this session's versions are on disk before its first row
+            self._write_environment(ended=False)
+        row = self._row(dataset, cell, example, state.target, request, generation, replay)
+        if repeats:
+            row["walltime_repeats"] = [g.walltime for g in repeats]
+            row["ttft_repeats"] = [g.ttft for g in repeats]
+        row["peak_memory_mb"] = peak_memory_mb(state.target.device)
+        self.log.append(row)
+        self.written += 1
+        state.tokens += len(generation.tokens)
+        state.seconds += generation.walltime
+        state.steps += len(generation.steps)
+        stats = f"acc.len {state.tokens / max(state.steps, 1):.2f}"
+        if not cell.replay:
+            stats += f" · {state.tokens / max(state.seconds, 1e-9):.1f} tok/s"
+        progress.update(state.bar, advance=1, stats=stats)
+        state.left -= 1
+        if not state.left:
+            self._sample_gpu(dataset, cell, "end")
+
+    def _measure(self, dataset: DatasetRun, cell: Cell, state, example: Example, check: bool):
+        """One example, ``repeats`` times for a timed cell: every repeat must give the same outputs and
+        counts; the row's times are the repeats' means (each repeat is kept). (request, generation,
+        replay, the repeats or [] when measured once)."""
+        reset_peak_memory(state.target.device)
+        request, first, replay = self._generate(dataset, cell, state.target, state.drafter, example, check)
+        if self.repeats == 1 or cell.replay:
+            return request, first, replay, []
+        repeats = [first]
+        for number in range(2, self.repeats + 1):
+            again = self._generate(dataset, cell, state.target, state.drafter, example, False)[1]
+            difference = first_difference(first, again)
+            if difference:
+                raise SpecbenchError(
+                    f"{self.recipe.path}: repeats",
+                    f"repeat {number} of cell {cell.id} on {dataset.label} example {example.id} differs "
+                    f"from the first, {difference}",
+                    "the outputs are not deterministic on this device: set repeats: 1 and report it",
+                )
+            repeats.append(again)
+        mean = dataclasses.replace(
+            first,
+            walltime=sum(g.walltime for g in repeats) / len(repeats),
+            ttft=sum(g.ttft for g in repeats) / len(repeats),
+            forwards={
+                model: {
+                    **counts,
+                    "seconds": sum(g.forwards[model]["seconds"] for g in repeats) / len(repeats),
+                }
+                for model, counts in first.forwards.items()
+            },
+        )
+        return request, mean, replay, repeats
 
     def _generate(self, dataset, cell: Cell, target, drafter, example: Example, check: bool):
         """(request, generation, the ReplayTarget or None): one example, live or replayed; ``check``
         also runs a replayed one live and stops at the first difference."""
         method = METHODS[cell.method].run
+        if example.turns:
+            return self._conversation(dataset, cell, target, drafter, example)
         request = self._request(target, dataset, example)
         if METHODS[cell.method].needs_reference:
             reference = self._reference(dataset, cell, example)
@@ -333,7 +352,7 @@ class Runner:
             raise SpecbenchError(where, f"{about}: {error.problem}", error.fix) from None
         if check:
             live = method(cell.params, target, drafter, self._request(target, dataset, example))
-            difference = _first_difference(generation, live)
+            difference = first_difference(generation, live)
             if difference:
                 raise SpecbenchError(
                     where,
@@ -343,14 +362,36 @@ class Runner:
                 )
         return request, generation, replay
 
-    def _request(self, target: HFModel, dataset: DatasetRun, example: Example) -> Request:
-        text = render_prompt(example, target.tokenizer, dataset.chat_template)
+    def _conversation(self, dataset, cell: Cell, target, drafter, example: Example):
+        """A multi-turn example (Spec-Bench's MT-Bench questions): each turn after the model's own
+        answers to the turns before it, all turns one row (their tokens, counts and times summed)."""
+        if cell.replay or METHODS[cell.method].needs_reference:
+            raise SpecbenchError(
+                f"{self.recipe.path}: methods.{cell.method_name}",
+                f"{dataset.label} example {example.id} has {len(example.turns) + 1} turns, and "
+                f"{'replay' if cell.replay else 'an oracle'} follows one AR output per prompt",
+                "run this method live on multi-turn data (remove replay:), or use single-turn data",
+            )
+        turns, answers, first = [], [], None
+        for _ in range(len(example.turns) + 1):
+            request = self._request(target, dataset, example, answers)
+            generation = METHODS[cell.method].run(cell.params, target, drafter, request)
+            turns.append(generation)
+            answers.append(target.tokenizer.decode(generation.tokens, skip_special_tokens=True))
+            first = first or request
+        return first, Generation.joined(turns), None
+
+    def _request(self, target: HFModel, dataset: DatasetRun, example: Example, answers=()) -> Request:
+        text = render_turn(example, list(answers), target.tokenizer, dataset.chat_template)
         add_special = not dataset.chat_template or target.is_encoder_decoder
         ids = target.tokenizer(text, add_special_tokens=add_special, return_tensors="pt").input_ids[0]
         gen = self.recipe.generation
         sampling = SamplingParams(gen.temperature, gen.top_k, gen.top_p)
         generator = torch.Generator(device=target.device)
-        generator.manual_seed(int(_hash(str(self.recipe.seed), dataset.label, example.id), 16) % (2**63))
+        turn = [f"turn {len(answers)}"] if answers else []  # turn 0 keeps the single-turn seed
+        generator.manual_seed(
+            int(_hash(str(self.recipe.seed), dataset.label, example.id, *turn), 16) % (2**63)
+        )
         max_new_tokens = dataset.max_new_tokens or gen.max_new_tokens
         return Request(ids.to(target.device), max_new_tokens, sampling, target.eos_token_ids(), generator)
 
@@ -364,76 +405,27 @@ class Runner:
                     "use a drafter trained with the target's vocabulary",
                 )
 
-    def _row(
-        self, dataset, cell, example, target, request: Request, generation, replay: ReplayTarget | None = None
-    ) -> dict:
+    def _row(self, dataset, cell, example, target, request: Request, generation, replay=None) -> dict:
         text = target.tokenizer.decode(generation.tokens, skip_special_tokens=True)
-        quality = dataset.task.score(example, text, execute_code=dataset.execute_code)
-        lossless = None
-        if (
+        checked = (
             self.recipe.lossless_check
             and self.recipe.generation.temperature == 0
             and METHODS[cell.method].lossless(cell.params)
-        ):
-            lossless = self._divergence(dataset, cell, example, generation.tokens)
-        row = {
-            "key": self._key(cell, dataset, example),
-            "dataset": dataset.label,
-            "cell": cell.id,
-            "method_name": cell.method_name,
-            "method": cell.method,
-            "params": cell.params,
-            "target": cell.target,
-            "drafter": cell.drafter,
-            "example_id": example.id,
-            "gold_sha": _gold_sha(example),
-            "prompt_tokens": int(request.prompt_ids.shape[0]),
-            "output_ids": generation.tokens,
-            "output_text": text,
-            "n_tokens": len(generation.tokens),
-            "stopped_by_eos": generation.stopped_by_eos,
-            "walltime": generation.walltime,
-            "ttft": generation.ttft,
-            "forwards": generation.forwards,
-            "steps": [list(s) for s in generation.steps],
-            "accepted_by_position": [list(x) for x in generation.accepted_by_position()],
-            "quality": quality,
-            "first_divergence": lossless,
-            "costs": self._costs(cell, target),
-        }
-        # corpus metrics' sufficient statistics (BLEU), and why a metric is missing (unrun code);
-        # only the rows of tasks that have them carry these keys
-        statistics = dataset.task.corpus_statistics(example, text)
-        if statistics:
-            row["quality_statistics"] = statistics
-        skipped = dataset.task.skipped(dataset.execute_code)
-        if skipped:
-            row["quality_skipped"] = skipped
-        if cell.drafters:  # cascades only, so the rows of other methods keep their shape
-            row["drafters"] = list(cell.drafters)
-            row["inner_steps"] = {
-                name: [list(s) for s in steps] for name, steps in generation.inner_steps.items()
-            }
-        if generation.deferrals is not None:  # cascades only
-            row["deferrals"] = generation.deferrals
-        if replay is not None:  # only replayed rows carry these keys (module docstring)
-            row["replayed"] = True
-            row["replay_live_passes"] = replay.live_passes
-            row["walltime_replayed"], row["walltime"] = row["walltime"], math.nan
-            row["ttft_replayed"], row["ttft"] = row["ttft"], math.nan
-            row["forwards"] = {name: dict(counts) for name, counts in row["forwards"].items()}
-            row["forwards"][cell.target]["seconds"] = math.nan
-        return row
-
-    def _costs(self, cell: Cell, target) -> dict:
-        """Per-model cost coefficients under MS and PW for this cell (relative to its target)."""
-        ms = {cell.target: 1.0}
-        pw = {cell.target: _pw_of(self.recipe, cell.target, True)}
-        for name in _drafter_names(cell):
-            drafter = self.model(name)
-            ms[name] = drafter.num_parameters / target.num_parameters
-            pw[name] = 0.0 if drafter.num_parameters == 0 else _pw_of(self.recipe, name, False)
-        return {"ms": ms, "pw": pw}
+        )
+        reference = self._reference(dataset, cell, example) if checked else None
+        drafters = {name: self.model(name) for name in _drafter_names(cell)}
+        return build_row(
+            dataset,
+            cell,
+            example,
+            text,
+            request,
+            generation,
+            key=self._key(cell, dataset, example),
+            first_divergence=divergence(reference["output_ids"], generation.tokens) if reference else None,
+            costs=cell_costs(self.recipe, cell, target, drafters),
+            replay=replay,
+        )
 
     def _reference(self, dataset, cell, example) -> dict | None:
         """The row of the (first) AR cell of ``cell``'s target on this example, if recorded."""
@@ -442,45 +434,29 @@ class Runner:
                 return self.log.by_key.get(self._key(other, dataset, example))
         return None
 
-    def _divergence(self, dataset, cell, example, tokens: list[int]) -> int | None:
-        """-1 when identical to the AR cell's output for the same target, else the first differing index."""
-        reference = self._reference(dataset, cell, example)
-        if reference is None:
-            return None
-        ar = reference["output_ids"]
-        for i, (a, b) in enumerate(zip(ar, tokens, strict=False)):
-            if a != b:
-                return i
-        return -1 if len(ar) == len(tokens) else min(len(ar), len(tokens))
-
     def _write_environment(self, ended: bool) -> None:
-        write_environment(self.output_dir, self.recipe, self.models, self.started, self.written, ended)
+        write_environment(
+            self.output_dir, self.recipe, self.models, self.started, self.written, ended, self.gpu_samples
+        )
+
+    def _sample_gpu(self, dataset: DatasetRun, cell: Cell, at: str) -> None:
+        sample = gpu_sample()
+        if sample is not None:
+            where = {"dataset": dataset.label, "cell": cell.id, "at": at, "time": now()}
+            self.gpu_samples.append({**where, "gpus": sample})
 
 
-def _first_difference(replayed: Generation, live: Generation) -> str | None:
-    """The first count, step or token in which two generations of one request differ, in words."""
-    for model in sorted(live.forwards.keys() | replayed.forwards.keys()):
-        for count in ("forward_passes", "tokens_scored", "encoder_passes"):
-            a = replayed.forwards.get(model, {}).get(count)
-            b = live.forwards.get(model, {}).get(count)
-            if a != b:
-                return f"{model} {count}: replayed {a}, live {b}"
-    steps = [("target step", replayed.steps, live.steps)]
-    steps += [
-        (f"{name} review", replayed.inner_steps.get(name, []), live.inner_steps.get(name, []))
-        for name in sorted(live.inner_steps.keys() | replayed.inner_steps.keys())
-    ]
-    for what, a, b in [*steps, ("output token", replayed.tokens, live.tokens)]:
-        a, b = [_plain(x) for x in a], [_plain(x) for x in b]
-        if a != b:
-            i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-            mine, theirs = (a[i] if i < len(a) else "none"), (b[i] if i < len(b) else "none")
-            return f"{what} {i}: replayed {mine}, live {theirs}"
-    return None
+@dataclass
+class _CellState:
+    """A started cell: its models, its progress bar, and its running totals for the bar."""
 
-
-def _gold_sha(example: Example) -> str:
-    return _hash(example.reference, *example.answers)
+    target: HFModel
+    drafter: object
+    bar: int
+    left: int  # rows still to measure in this session
+    tokens: int = 0
+    seconds: float = 0.0
+    steps: int = 0
 
 
 def _readable(cells: Path) -> bool:
@@ -491,7 +467,3 @@ def _readable(cells: Path) -> bool:
         return True
     except SpecbenchError:
         return False
-
-
-def _plain(value):
-    return tuple(value) if isinstance(value, (list, tuple)) else value

@@ -142,7 +142,24 @@ def _timing(rows: list[dict]) -> dict:
     out.update({f"latency_{k}_s": v for k, v in latency.items()})
     out.update({f"ttft_{k}_s": first[k] for k in ("p50", "p90", "p99")})  # ttft_mean_s stays above
     out.update({f"tpot_{k}_s": per_token[k] for k in ("mean", "p50", "p90", "p99")})
+    out.update(_repeats(rows, tokens))
+    out["peak_memory_mb"] = max((r.get("peak_memory_mb", math.nan) for r in rows), default=math.nan)
     return out
+
+
+def _repeats(rows: list[dict], tokens: np.ndarray) -> dict:
+    """With ``repeats: N``: the cell's tokens/s measured N times over all its examples (repeat r of
+    every row), their mean and sample std: the run-to-run noise the bootstrap over prompts does
+    not see. Empty for rows measured once."""
+    measured = [r.get("walltime_repeats") for r in rows]
+    if not measured or any(m is None for m in measured) or len({len(m) for m in measured}) != 1:
+        return {}
+    per_repeat = tokens.sum() / np.array(measured, dtype=float).sum(axis=0)
+    return {
+        "repeats": len(per_repeat),
+        "tokens_per_s_repeat_mean": float(per_repeat.mean()),
+        "tokens_per_s_repeat_std": float(per_repeat.std(ddof=1)) if len(per_repeat) > 1 else math.nan,
+    }
 
 
 def _acceptance(steps: list) -> dict:

@@ -31,8 +31,9 @@ from rich.console import Console
 from rich.table import Table
 
 from specbench.errors import SpecbenchError
+from specbench.pipeline.datasets import DatasetRun
 from specbench.pipeline.results import write_atomic
-from specbench.pipeline.runner import DatasetRun, Runner
+from specbench.pipeline.runner import Runner
 from specbench.pipeline.summary import summarise_cell, write_cells_csv
 from specbench.recipe import Cell, MethodSpec, Recipe, replay_problem
 
@@ -101,7 +102,7 @@ def tune(
         )
     console = console or Console(stderr=True)
     recipe = prepare(recipe)
-    runner = Runner(recipe, output_dir, resume=resume, console=console)
+    runner = Runner(recipe, output_dir, resume=resume, console=console, schedule="by-cell")
     references = [cell for cell in recipe.cells() if cell.method == "autoregressive"]
     searches = [
         Search(spec, dataset, grid_cells(recipe, spec))

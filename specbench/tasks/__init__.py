@@ -5,7 +5,7 @@ from __future__ import annotations
 from specbench.errors import SpecbenchError
 from specbench.tasks.alpaca import ALPACA
 from specbench.tasks.arithmetic import ARITHMETIC
-from specbench.tasks.base import Example, Task, render_prompt
+from specbench.tasks.base import Example, Task, render_prompt, render_turn
 from specbench.tasks.cnn_dailymail import CNN_DAILYMAIL, CNN_DAILYMAIL_FEWSHOT
 from specbench.tasks.gsm8k import GSM8K, GSM8K_FEWSHOT
 from specbench.tasks.humaneval import HUMANEVAL
@@ -45,4 +45,4 @@ def get_task(name: str) -> Task:
     return TASKS[name]
 
 
-__all__ = ["Example", "Task", "TASKS", "get_task", "render_prompt"]
+__all__ = ["Example", "Task", "TASKS", "get_task", "render_prompt", "render_turn"]

@@ -22,6 +22,10 @@ class Example:
     prompt: str  # the paper's template filled in, before any chat template
     reference: str  # the gold answer the scorer compares against (code tasks: the test program)
     answers: tuple[str, ...] = ()  # every gold answer, when there are several (QA); () for none
+    category: str | None = None  # the row's own category label, as the data file spells it
+    # the user's messages after the first (multi-turn prompt sets); each follows the model's own
+    # answer to the turn before it, see render_turn
+    turns: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -200,11 +204,56 @@ def render_prompt(example: Example, tokenizer, chat_template: bool) -> str:
     """The text the model sees: the task prompt, wrapped in the tokenizer's chat template if asked."""
     if not chat_template:
         return example.prompt
+    _check_chat_template(tokenizer)
+    messages = [{"role": "user", "content": example.prompt}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+# between an answer and the next user message in the plain-text rendering of a conversation
+PLAIN_TURN_SEPARATOR = "\n\n"
+
+
+def render_turn(example: Example, answers: list[str], tokenizer, chat_template: bool) -> str:
+    """The text the model sees for turn i = len(answers) of a multi-turn example (0-based).
+
+    The conversation is user(prompt), assistant(answers[0]), user(turns[0]), ..., user(turns[i-1]):
+    each later turn follows the model's own answers to the turns before it, as Spec-Bench (Xia et al.
+    2024) runs MT-Bench's second turns. Turn 0 is exactly :func:`render_prompt`.
+
+    With ``chat_template`` the messages go through the tokenizer's chat template with the generation
+    prompt; each answer is stripped of surrounding whitespace first, as Spec-Bench's evaluation loop
+    (FastChat's) stores it before the next turn. Without one, the text is plain continuation: turn i
+    is turn i-1's text, then the answer exactly as generated, then a blank line
+    (:data:`PLAIN_TURN_SEPARATOR`) and the next user message; so turn 1 reads
+    ``prompt + answers[0] + "\\n\\n" + turns[0]``, and the model's context up to its own answer is
+    what it saw while writing it.
+    """
+    i = len(answers)
+    if i == 0:
+        return render_prompt(example, tokenizer, chat_template)
+    if i > len(example.turns):
+        raise SpecbenchError(
+            f"example {example.id}",
+            f"has {len(example.turns) + 1} turn(s), so there is no turn {i} (0-based) to render",
+            "pass at most one answer per turn before the last",
+        )
+    users = [example.prompt, *example.turns[:i]]
+    if not chat_template:
+        text = users[0]
+        for answer, user in zip(answers, users[1:], strict=True):
+            text += answer + PLAIN_TURN_SEPARATOR + user
+        return text
+    _check_chat_template(tokenizer)
+    messages = [{"role": "user", "content": users[0]}]
+    for answer, user in zip(answers, users[1:], strict=True):
+        messages += [{"role": "assistant", "content": answer.strip()}, {"role": "user", "content": user}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def _check_chat_template(tokenizer) -> None:
     if not getattr(tokenizer, "chat_template", None):
         raise SpecbenchError(
             "datasets[].chat_template",
             "the model's tokenizer has no chat template",
             "set chat_template: false for this dataset",
         )
-    messages = [{"role": "user", "content": example.prompt}]
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

@@ -285,6 +285,28 @@ def command_cases(tmp: Path) -> list[Case]:
         Case("report: empty directory", argv=("report", str(tmp / "empty-dir")), field="empty-dir"),
         Case("report: unknown format", argv=("report", str(tmp), "--format", "pdf"), field="format"),
         Case("report: unknown paper", argv=("report", str(tmp), "--paper", "nope"), field="paper"),
+        Case("report: unknown --by", argv=("report", str(tmp), "--by", "colour"), field="--by"),
+        Case(
+            "report --by category: torn examples.jsonl",
+            argv=("report", str(torn), "--by", "category"),
+            field="line 2",
+        ),
+        Case(
+            "report --by category: no examples",
+            argv=("report", str(tmp / "empty-dir"), "--by", "category"),
+            field="empty-dir",
+        ),
+        Case(
+            "compare: missing directory",
+            argv=("compare", str(tmp / "nowhere"), str(tmp / "empty-dir")),
+            field="nowhere",
+        ),
+        Case("compare: one run", argv=("compare", str(_csv_run(tmp, next(iter(BAD_CSV))))), field="compare"),
+        Case(
+            f"compare: cells.csv {next(iter(BAD_CSV))}",
+            argv=("compare", str(_csv_run(tmp, next(iter(BAD_CSV)))), str(tmp / "empty-dir")),
+            field="cells.csv",
+        ),
         Case("plot: missing directory", argv=("plot", str(tmp / "nowhere")), field="nowhere"),
         Case("plot: torn examples.jsonl", argv=("plot", str(torn)), field="line 2"),
         Case("plot: unknown figure", argv=("plot", str(torn), "--figure", "pie"), field="figure"),
