@@ -28,11 +28,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 from rich.console import Console
 
 from specbench.errors import SpecbenchError
-from specbench.pipeline.report import _int, _interval, _method_label, _num, emit
-from specbench.pipeline.results import EXAMPLES, read_examples
+from specbench.pipeline.report import emit, format_int, format_interval, format_method_label, format_num
+from specbench.pipeline.results import EXAMPLES, RESOLVED_RECIPE, read_examples
 from specbench.pipeline.statistics import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
@@ -131,7 +132,7 @@ def _column_order(category: str) -> tuple[int, str]:
 
 def _k(params: dict) -> str:
     if params.get("k") is not None:
-        return _int(params["k"])
+        return format_int(params["k"])
     if params.get("K") is not None:  # CS Drafting's budget matrix, compact as in the report
         return str(params["K"]).replace(" ", "")
     return ""
@@ -148,12 +149,12 @@ def leaderboard(tidy: pd.DataFrame) -> pd.DataFrame:
         overall = by_category[OVERALL]
         row = {
             "dataset": dataset,
-            "method": _method_label(overall["method_name"], cell),
+            "method": format_method_label(overall["method_name"], cell),
             "k": overall["k"],
         }
         for category, column in zip(present, columns, strict=True):
             row[column] = _shown(by_category.get(category))
-        row[MEAN_ACCEPTED] = _num(overall["accepted_per_step_mean"]) or MISSING
+        row[MEAN_ACCEPTED] = format_num(overall["accepted_per_step_mean"]) or MISSING
         row["Overall"] = _shown(overall)
         row["n"] = int(overall["n"])
         rows.append(row)
@@ -161,7 +162,7 @@ def leaderboard(tidy: pd.DataFrame) -> pd.DataFrame:
 
 
 def _shown(record: dict | None) -> str:
-    return (_interval(record, "speedup", "x") if record else "") or MISSING
+    return (format_interval(record, "speedup", "x") if record else "") or MISSING
 
 
 def load_rows(results: Path) -> list[tuple[str, list[dict]]]:
@@ -178,7 +179,17 @@ def load_rows(results: Path) -> list[tuple[str, list[dict]]]:
             f"no {EXAMPLES} found here or one level below",
             "run `specbench run RECIPE --output-dir DIR` first, then report DIR --by category",
         )
-    return [(run.name, read_examples(run)) for run in runs]
+    return [(run.name, _in_recipe_order(run, read_examples(run))) for run in runs]
+
+
+def _in_recipe_order(run: Path, rows: list[dict]) -> list[dict]:
+    """Rows grouped in the order of the recipe's methods (an interleaved run logs them shuffled)."""
+    try:
+        methods = [m["name"] for m in yaml.safe_load((run / RESOLVED_RECIPE).read_text())["methods"]]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return rows
+    rank = {name: i for i, name in enumerate(methods)}
+    return sorted(rows, key=lambda row: rank.get(row.get("method_name"), len(rank)))
 
 
 def render_categories(results: Path, fmt: str = "table", console: Console | None = None) -> str | None:

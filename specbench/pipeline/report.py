@@ -79,20 +79,20 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
         row = {
             "run": r["run"],
             "dataset": r["dataset"],
-            "method": _method_label(r["method_name"], r["cell"]),
+            "method": format_method_label(r["method_name"], r["cell"]),
             "drafters": r.get("drafter") if isinstance(r.get("drafter"), str) else "",
             # CS Drafting's budget matrix K stands in the k column, compact: [[2,4],[0,3]]
-            "k": _int(r.get("k")) or (r["K"].replace(" ", "") if isinstance(r.get("K"), str) else ""),
-            "SWI MS": _interval(r, "swi_ms"),
-            "SWI PW": _interval(r, "swi_pw"),
-            "tok/s": _num(r["tokens_per_s"], 1),
-            "speedup": _interval(r, "speedup_vs_ar", "x"),
-            "acc. len": _num(r["acceptance_length"]),
-            "draft acc.": _num(r["draft_acceptance_rate"]),
-            "drafter cost": _num(r.get("drafter_cost", math.nan), 3),
+            "k": format_int(r.get("k")) or (r["K"].replace(" ", "") if isinstance(r.get("K"), str) else ""),
+            "SWI MS": format_interval(r, "swi_ms"),
+            "SWI PW": format_interval(r, "swi_pw"),
+            "tok/s": format_num(r["tokens_per_s"], 1),
+            "speedup": format_interval(r, "speedup_vs_ar", "x"),
+            "acc. len": format_num(r["acceptance_length"]),
+            "draft acc.": format_num(r["draft_acceptance_rate"]),
+            "drafter cost": format_num(r.get("drafter_cost", math.nan), 3),
         }
         for column in quality:
-            row[column.removeprefix("quality_")] = _num(r[column], 3)
+            row[column.removeprefix("quality_")] = format_num(r[column], 3)
         checked = int(r.get("lossless_checked", 0) or 0)
         row["lossless"] = f"{int(r['lossless_identical'])}/{checked}" if checked else ""
         row["n"] = int(r["n"])
@@ -100,17 +100,17 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _interval(record: dict, column: str, unit: str = "") -> str:
+def format_interval(record: dict, column: str, unit: str = "") -> str:
     """``1.42x [1.35, 1.50]``: the value and its bootstrap interval (cells.csv's ``<column>_low`` and
     ``_high``), or the value alone where the interval is missing (files from before it) or NaN."""
-    value = _num(record.get(column))
+    value = format_num(record.get(column))
     if not value:
         return ""
-    low, high = _num(record.get(f"{column}_low")), _num(record.get(f"{column}_high"))
+    low, high = format_num(record.get(f"{column}_low")), format_num(record.get(f"{column}_high"))
     return f"{value}{unit} [{low}, {high}]" if low and high else f"{value}{unit}"
 
 
-def _method_label(name: str, cell: str) -> str:
+def format_method_label(name: str, cell: str) -> str:
     """The method entry's name plus the grid values the k column does not show: ``sc[alpha=0.2,rule=opt]``."""
     inner = cell[len(name) + 1 : -1] if cell.startswith(name + "[") and cell.endswith("]") else ""
     # split at commas that start a new "key=" (K's value [[2,4],[0,3]] has commas of its own)
@@ -214,7 +214,7 @@ def _latex(title: str, frame: pd.DataFrame) -> str:
     return f"% {escape(title)}\n" + "\n".join(lines)
 
 
-def _num(value, digits: int = 2) -> str:
+def format_num(value, digits: int = 2) -> str:
     try:
         value = float(value)
     except (TypeError, ValueError):
@@ -222,7 +222,7 @@ def _num(value, digits: int = 2) -> str:
     return "" if math.isnan(value) else f"{value:.{digits}f}"
 
 
-def _int(value) -> str:
+def format_int(value) -> str:
     try:
         return "" if value is None or math.isnan(float(value)) else str(int(float(value)))
     except (TypeError, ValueError):

@@ -177,3 +177,25 @@ def test_out_of_memory_while_loading_is_one_line(monkeypatch):
     monkeypatch.setattr(tiny, "build_tiny", exhausted)
     with pytest.raises(SpecbenchError, match=r"models.big: out of memory while loading tiny-llama"):
         registry.load(registry.ModelRequest("big", "tiny-llama"))
+
+
+def test_a_drafter_with_another_tokenizer_fails_before_the_first_row(tmp_path: Path, monkeypatch):
+    import copy
+
+    from specbench.models import registry
+
+    real = registry.load
+
+    def load(request, resolve=None):
+        model = real(request, resolve)
+        if request.name == "draft":  # a drafter trained on another vocabulary
+            model.tokenizer = copy.copy(model.tokenizer)
+            model.tokenizer.get_vocab = lambda: {"<other>": 0}
+        return model
+
+    monkeypatch.setattr(registry, "load", load)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["run", str(TINY), "-o", str(out)])
+    message = " ".join(result.output.split())
+    assert result.exit_code == 2 and "drafter 'draft' does not share the target's tokenizer" in message
+    assert not (out / "examples.jsonl").exists()  # found before the AR cell ran, not after it
