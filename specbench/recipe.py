@@ -397,12 +397,18 @@ def _yaml_error(path: Path, error: yaml.YAMLError) -> SpecbenchError:
 
 def _check_options(path: Path, name: str, model: ModelSpec) -> None:
     """Every option reaches the model's loader, so one it does not take is an error, never dropped."""
-    from specbench.models.registry import NO_REVISION, option_problem, source_kind  # torch: paid here
+    from specbench.models.options import NO_REVISION, option_problem, source_kind
 
     problem = option_problem(model.source, model.options)
     if problem:
         option, text, fix = problem
         raise SpecbenchError(f"{path}: models.{name}.options.{option}", text, fix)
+    if "device_map" in model.options and model.device != "auto":
+        raise SpecbenchError(
+            f"{path}: models.{name}.device",
+            f"device: {model.device} and options.device_map both place the model",
+            "keep one: device for a whole model on one device, device_map to split it",
+        )
     if model.revision is not None and source_kind(model.source) in NO_REVISION:
         raise SpecbenchError(
             f"{path}: models.{name}.revision",

@@ -320,19 +320,19 @@ BAD = {
     "unknown task": (changed(datasets__0__task="squad"), "datasets[0].task", "unknown task 'squad'"),
     "path is not a recipe key": (changed(path="elsewhere.yaml"), "path", "unknown key 'path'"),
     "option a hub model's loader does not take": (
-        changed(models__big={"source": "org/model", "options": {"trust_remote_code": True}}),
-        "models.big.options.trust_remote_code",
-        "takes no option 'trust_remote_code'",
+        changed(models__big={"source": "org/model", "options": {"torch_dtype": "bfloat16"}}),
+        "models.big.options.torch_dtype",
+        "takes no option 'torch_dtype'",
     ),
     "option on a local directory": (
         changed(models__local={"source": "./weights", "options": {"revison": "main"}}),
         "models.local.options.revison",
         "takes no option 'revison'",
     ),
-    "option on a gguf file": (
-        changed(models__q={"source": "m.gguf", "options": {"device_map": "auto"}}),
+    "bad device_map on a gguf file": (
+        changed(models__q={"source": "m.gguf", "options": {"device_map": "everywhere"}}),
         "models.q.options.device_map",
-        "takes no option 'device_map'",
+        "'everywhere' is not a device map",
     ),
     "misspelt tiny-model option": (
         changed(models__draft__options={"layer": 1}),

@@ -51,7 +51,7 @@ def test_hub_id_offline_fails_fast_with_one_line(monkeypatch, tmp_path):
 def test_hub_id_online_calls_from_pretrained(monkeypatch):
     calls = []
 
-    def fake(path_or_id, dtype, **kwargs):
+    def fake(path_or_id, dtype, loader=None, **kwargs):
         calls.append((path_or_id, kwargs))
         if kwargs.get("local_files_only"):
             raise OSError("not cached")
@@ -122,7 +122,7 @@ def test_smollm2_alias_prefers_the_hub_when_reachable(monkeypatch):
     monkeypatch.setattr(registry, "hub_reachable", lambda: True)
     seen = []
     monkeypatch.setattr(
-        registry, "_load_pretrained", lambda name, source, dtype, rev: seen.append(source) or (0, 0, 0)
+        registry, "_load_pretrained", lambda name, source, dtype, rev, loader=None: seen.append(source) or (0, 0, 0)
     )
     registry._load_smollm2(torch.float32, None, "auto")
     assert seen == [registry.SMOLLM2_HUB_ID]

@@ -152,7 +152,9 @@ class ModelDrafter:
         context[:generated] = tokens
         rows = []
         for i in range(k):
-            logits = self.model.score(context[: generated + i], 0)[-1]
+            # on another device than the caller's (a drafter on its own GPU), one row comes back per
+            # token; the cache stays where the drafter is
+            logits = self.model.score(context[: generated + i], 0)[-1].to(tokens.device)
             q = sampling.probs(logits)
             context[generated + i] = sampling.choose(q, logits, generator)
             rows.append(q)

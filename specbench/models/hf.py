@@ -26,7 +26,7 @@ class HFModel:
         self.name = name
         self.tokenizer = tokenizer
         self.counter = ForwardCounter()
-        self.device = next(model.parameters()).device
+        self.device = input_device(model)
         self.num_parameters = sum(p.numel() for p in model.parameters())
         self.vocab_size = model.config.get_text_config().vocab_size
         self.is_encoder_decoder = bool(model.config.is_encoder_decoder)
@@ -78,6 +78,7 @@ class HFModel:
 
     @torch.inference_mode()
     def score(self, tokens: torch.Tensor, n_candidates: int) -> torch.Tensor:
+        tokens = tokens.to(self.device)  # token ids from a caller on another device (no-op otherwise)
         prefix_len = self._prefix.shape[0]
         total = prefix_len + tokens.shape[0]
         keep = min(self._cached, total - n_candidates - 1)
@@ -107,3 +108,23 @@ class HFModel:
             self.last_hidden = states[-1][0, -1]
         self._cached = total
         return logits
+
+
+def input_device(model: PreTrainedModel) -> torch.device:
+    """Where a model takes its input ids: its parameters' device, or for a model that accelerate
+    placed across devices (``device_map``) the execution device of its input embeddings. Its
+    dispatch hooks return the outputs there, so our loops keep token ids and probability rows on
+    this one device and never move a cache."""
+    placement = getattr(model, "hf_device_map", None)
+    if not placement or len(set(placement.values())) == 1 and "disk" not in placement.values():
+        return next(model.parameters()).device
+    embeddings = model.get_input_embeddings()
+    name = next((n for n, m in model.named_modules() if m is embeddings), "")
+    where = next(
+        (d for module, d in placement.items() if name == module or name.startswith(module + ".")), None
+    )
+    if where is None:  # the map names a parent of the embeddings, or none: the first entry leads
+        where = next(iter(placement.values()))
+    if isinstance(where, int):
+        return torch.device("cuda", where)
+    return torch.device("cpu" if where == "disk" else where)

