@@ -74,6 +74,25 @@ def run(
         help="interleaved: every cell per example back to back, so machine drift hits all cells alike "
         "(the default); by-cell: each cell over all its examples in turn. Overrides the recipe's schedule:.",
     ),
+    executor: str = typer.Option(
+        "local",
+        "--executor",
+        help="local: measure in this process; ray: on the workers of a Ray cluster, this process staying "
+        "the only writer of OUTPUT_DIR (needs pip install 'specbench-llm[ray]').",
+    ),
+    address: str = typer.Option(
+        None,
+        "--address",
+        help="With --executor ray: the cluster to join, auto (the one `ray start --head` started here) or "
+        "the head's HOST:PORT. Default: a local cluster on this machine's cores and GPUs.",
+    ),
+    gpus_per_worker: float = typer.Option(
+        None,
+        "--gpus-per-worker",
+        min=0,
+        help="With --executor ray: GPUs each worker holds for its models (several for a model that needs "
+        "them; 0: CPU workers). Default: 1 when the cluster has GPUs, else 0.",
+    ),
 ):
     """Run every cell of RECIPE on every example; write examples.jsonl, cells.csv and run records."""
     from specbench.pipeline.runner import Runner
@@ -81,6 +100,17 @@ def run(
     from specbench.recipe import load_recipe
     from specbench.tasks import TASKS
 
+    if executor not in ("local", "ray"):
+        raise SpecbenchError("--executor", f"unknown executor {executor!r}", "use local or ray")
+    workers = None
+    if executor == "ray":
+        from specbench.pipeline.ray_executor import RayExecutor
+
+        workers = RayExecutor(address, gpus_per_worker)
+    elif address is not None or gpus_per_worker is not None:
+        raise SpecbenchError(
+            "--address/--gpus-per-worker", "apply to Ray runs only", "add --executor ray, or drop them"
+        )
     loaded = load_recipe(recipe, known_tasks=set(TASKS))
     if seed is not None:
         loaded = loaded.model_copy(update={"seed": seed})
@@ -89,7 +119,7 @@ def run(
     overrides = {"repeats": repeats, "schedule": schedule}
     loaded = loaded.model_copy(update={k: v for k, v in overrides.items() if v is not None})
     out = output_dir or Path("results") / loaded.name
-    Runner(loaded, out, limit=limit, resume=resume, console=err).run()
+    Runner(loaded, out, limit=limit, resume=resume, console=err, executor=workers).run()
     err.print(f"results written to {out} — see them with: specbench report {out}")
 
 
@@ -215,6 +245,111 @@ def compare(
     text = render_compare(runs, format)
     if text is not None:
         sys.stdout.write(text + ("" if text.endswith("\n") else "\n"))
+
+
+@app.command()
+@user_errors
+def plan(
+    recipe: Path = typer.Argument(..., help="Recipe YAML to plan; nothing is loaded or run."),
+    gpus: int = typer.Option(
+        0, "--gpus", min=0, help="GPUs to place the models on (0: report sizes and time only)."
+    ),
+    gpu_memory: str = typer.Option(
+        "80GiB", "--gpu-memory", help="Memory of each GPU: 80GiB, 80GB, 81920MiB."
+    ),
+    format: str = typer.Option("table", "--format", "-f", help="table (Rich) or json (the same data)."),
+    probe: bool = typer.Option(
+        False,
+        "--probe",
+        help="Load every model on its recipe device and time a few forward passes (loads weights!).",
+    ),
+    pass_ms: list[str] = typer.Option(
+        [], "--pass-ms", help="NAME=MS: a recipe model's time per forward pass, e.g. --pass-ms target=95."
+    ),
+    acceptance: float = typer.Option(
+        0.6,
+        "--acceptance",
+        min=0.0,
+        max=1.0,
+        help="Acceptance rate α assumed where no earlier run in --output-dir measured one.",
+    ),
+    output_dir: Path = typer.Option(
+        None,
+        "--output-dir",
+        "-o",
+        help="A run directory: rows already there are not counted again, and its cells.csv gives α and "
+        "its rows the time per pass of the same models.",
+    ),
+    limit: int = typer.Option(None, "--limit", min=1, help="At most N examples per dataset, as run --limit."),
+    bandwidth: str = typer.Option("2TB/s", "--bandwidth", help="GPU memory bandwidth for the time rule."),
+    cpu_bandwidth: str = typer.Option("20GB/s", "--cpu-bandwidth", help="CPU memory bandwidth, likewise."),
+    margin: float = typer.Option(
+        0.05, "--margin", min=0.0, max=1.0, help="Added to each model's weights + KV cache."
+    ),
+    reserve: str = typer.Option(
+        "1GiB", "--reserve", help="Kept free on every GPU (CUDA context, workspace)."
+    ),
+):
+    """The bill of RECIPE before anything loads: sizes, placement, forward passes, time.
+
+    Models: parameters and weight bytes at their dtype, from the configuration instantiated on the meta
+    device (a local path or .gguf file, the local Hugging Face cache, the tiny and distilled models,
+    else specbench/data/model_facts.yaml), and the KV cache at the recipe's longest sequence, batch 1.
+    Placement: each model needs (weights + KV cache) x (1 + margin); the recipe's device, device_map
+    and max_memory are honoured as accelerate would apply them, the rest placed largest first, split
+    over consecutive GPUs when one is not enough. A recipe that does not fit is a one-line error naming
+    the model and the fewest such GPUs that would hold it. Cells: rows left to run, forward passes per
+    model (speculative: T / E(α, k) target passes, E = (1 - α^(k+1)) / (1 - α), Leviathan et al. 2023),
+    walltime and GPU-hours; time per pass from --pass-ms, --probe, an earlier run in --output-dir, or
+    weight bytes / --bandwidth. Every assumption is printed with the numbers.
+
+    Example: specbench plan recipes/specdecpp/llama2_chat_7b_70b.yaml --gpus 2 --gpu-memory 80GiB
+    """
+    from specbench.pipeline import plan as planning
+    from specbench.pipeline.placement import parse_size
+    from specbench.pipeline.plan_view import plan_json, print_plan
+    from specbench.recipe import load_recipe
+    from specbench.tasks import TASKS
+
+    if format not in ("table", "json"):
+        raise SpecbenchError("--format", f"unknown format {format!r}", "use table or json")
+    loaded = load_recipe(recipe, known_tasks=set(TASKS))
+    given = {}
+    for item in pass_ms:
+        name, _, value = item.partition("=")
+        if name not in loaded.models:
+            raise SpecbenchError(
+                "--pass-ms", f"{name!r} is no model of the recipe", f"use one of {', '.join(loaded.models)}"
+            )
+        try:
+            given[name] = float(value)
+        except ValueError:
+            raise SpecbenchError(
+                "--pass-ms", f"{item!r} is not NAME=MS", "write e.g. --pass-ms target=95"
+            ) from None
+    hardware = planning.Hardware(
+        gpus=gpus,
+        gpu_memory=parse_size(gpu_memory, "--gpu-memory"),
+        margin=margin,
+        reserve=parse_size(reserve, "--reserve"),
+        bandwidth=parse_size(bandwidth, "--bandwidth", per_second=True),
+        cpu_bandwidth=parse_size(cpu_bandwidth, "--cpu-bandwidth", per_second=True),
+    )
+    probed = planning.probe(loaded) if probe else None
+    bill = planning.build_plan(
+        loaded,
+        hardware,
+        output_dir=output_dir,
+        acceptance=acceptance,
+        pass_ms=given,
+        probed=probed,
+        limit=limit,
+    )
+    if format == "json":
+        sys.stdout.write(plan_json(bill))
+        return
+    console = Console()
+    print_plan(bill, console if console.is_terminal else Console(width=200))
 
 
 @app.command()

@@ -244,3 +244,25 @@ def test_drafter_cost_is_time_per_drafter_pass_over_an_ar_target_pass(tiny_run: 
     assert sd["drafter_cost"] == pytest.approx(json.loads(sd["pass_ms"])["draft"] / ar_pass)
     assert 0 < sd["drafter_cost"] < 10
     assert pd.isna(cells.loc["ar", "drafter_cost"])
+
+
+def test_ray_executor_without_ray_says_how_to_install_it(tmp_path: Path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` meets where it is not installed
+    result = runner.invoke(app, ["run", str(TINY), "-o", str(tmp_path / "out"), "--executor", "ray"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "pip install 'specbench-llm[ray]'" in " ".join(result.output.split())
+    result = runner.invoke(app, ["run", str(TINY), "-o", str(tmp_path / "out"), "--address", "auto"])
+    assert result.exit_code == 2 and "--executor ray" in result.output
+
+
+def test_importing_specbench_never_imports_ray():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, specbench.cli, specbench.pipeline.runner, specbench.pipeline.ray_executor; "
+        "sys.exit('ray' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0

@@ -121,9 +121,12 @@ def test_smollm2_download_failure_is_one_line(monkeypatch, tmp_path):
 def test_smollm2_alias_prefers_the_hub_when_reachable(monkeypatch):
     monkeypatch.setattr(registry, "hub_reachable", lambda: True)
     seen = []
-    monkeypatch.setattr(
-        registry, "_load_pretrained", lambda name, source, dtype, rev, loader=None: seen.append(source) or (0, 0, 0)
-    )
+
+    def fake(name, source, dtype, rev, loader=None):
+        seen.append(source)
+        return 0, 0, 0
+
+    monkeypatch.setattr(registry, "_load_pretrained", fake)
     registry._load_smollm2(torch.float32, None, "auto")
     assert seen == [registry.SMOLLM2_HUB_ID]
 

@@ -1,0 +1,318 @@
+"""Measure one example of one cell: its models, its request, the method's Generation (live, replayed or
+repeated) and the result row, without touching a file.
+
+The local :class:`~specbench.pipeline.runner.Runner` is a Measurer that appends what it measures to
+examples.jsonl; a Ray worker (:mod:`specbench.pipeline.ray_executor`) holds one and sends its rows to the
+driver, the only writer. Both read the AR rows that replay and the lossless check need through
+:meth:`Measurer.recorded`: the runner from its log, a worker from the rows the driver ships with each
+example.
+
+Rows are keyed by a content hash of (cell fingerprint, dataset, example id, prompt), so a re-run with
+``resume`` skips what is done, and a changed setting produces new rows instead of silently reusing old
+ones. Warm-up examples run once per cell and are never recorded.
+
+Replayed cells (``replay: true``, greedy lossless methods) review with a
+:class:`~specbench.models.replay.ReplayTarget` built from the AR cell's row for the same example
+(AR cells run first), so they cost drafter passes only. Their first ``replay_check`` examples also
+run live, and any difference in outputs, steps or forward counts stops the run. Their rows carry
+``replayed: true``; the walltime and TTFT measured without the target are kept as
+``walltime_replayed`` and ``ttft_replayed``, and ``walltime``, ``ttft`` and the target's seconds are
+NaN, so no tokens/s or speedup is derived from them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+from dataclasses import dataclass
+
+import torch
+from rich.console import Console
+
+from specbench.decoding.generation import Generation, first_difference
+from specbench.decoding.sampling import SamplingParams
+from specbench.errors import SpecbenchError
+from specbench.methods import METHODS, Request
+from specbench.models import registry
+from specbench.models.hf import HFModel
+from specbench.models.replay import ReplayError, ReplayTarget
+from specbench.pipeline.costs import cell_costs
+from specbench.pipeline.datasets import DatasetRun
+from specbench.pipeline.environment import gpu_sample, now, peak_memory_mb, reset_peak_memory
+from specbench.pipeline.rows import build_row, divergence
+from specbench.recipe import Cell, Recipe
+from specbench.tasks import Example, render_turn
+
+
+def _hash(*parts: str) -> str:
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:16]
+
+
+def _model_request(recipe: Recipe, name: str) -> registry.ModelRequest:
+    spec = recipe.models[name]
+    options = dict(spec.options or {})
+    bigram = options.get("bigram")
+    if isinstance(bigram, str) and not bigram.startswith(("/", "~", "$", registry.DISTILLED_PREFIX)):
+        options["bigram"] = str(recipe.path.parent / bigram)  # a recipe's paths start at its folder
+    options = tuple(sorted(options.items()))
+    return registry.ModelRequest(name, spec.source, spec.dtype, spec.device, spec.revision, options)
+
+
+def drafter_names(cell: Cell) -> tuple[str, ...]:
+    """Every drafter of a cell: a cascade's list, the one drafter, or none."""
+    return cell.drafters or ((cell.drafter,) if cell.drafter else ())
+
+
+@dataclass
+class CellModels:
+    """A started cell's models: the target and its drafter (a cascade's list of drafters, or None)."""
+
+    target: HFModel
+    drafter: object
+
+
+class Measurer:
+    """A recipe and the models it loaded so far; turns (dataset, cell, example) into a row."""
+
+    def __init__(self, recipe: Recipe, console: Console | None = None):
+        self.recipe = recipe
+        self.console = console or Console(stderr=True)
+        self.models: dict[str, object] = {}
+        self.repeats = recipe.repeats
+        self.gpu_samples: list[dict] = []  # nvidia-smi at each cell's first and last row
+        self.references: dict[str, dict] = {}  # rows by key that recorded() answers from
+
+    def recorded(self, key: str) -> dict | None:
+        """The recorded row of ``key``, if any (AR rows: what replay and the lossless check read)."""
+        return self.references.get(key)
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def model(self, name: str):
+        if name not in self.models:
+            with self.console.status(f"loading model {name} ({self.recipe.models[name].source})"):
+                with self._blame(f"models.{name}"):
+                    self.models[name] = registry.load(_model_request(self.recipe, name), self.model)
+        return self.models[name]
+
+    @contextlib.contextmanager
+    def _blame(self, field: str):
+        """Name the recipe file (and the field, when the error does not) in errors raised below."""
+        try:
+            yield
+        except SpecbenchError as error:
+            where = error.where if error.where.startswith(field) else f"{field} ({error.where})"
+            raise SpecbenchError(f"{self.recipe.path}: {where}", error.problem, error.fix) from None
+
+    def check_cell(self, cell: Cell) -> None:
+        """Load the cell's models and check each drafter's tokenizer against its target's."""
+        target = self.model(cell.target)
+        for name in drafter_names(cell):
+            self._check_vocab(cell, name, target, self.model(name))
+
+    def _check_vocab(self, cell: Cell, name: str, target, drafter) -> None:
+        if isinstance(drafter, HFModel) and drafter.tokenizer is not None and target.tokenizer is not None:
+            if drafter.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+                role = "drafters" if cell.drafters else "drafter"
+                raise SpecbenchError(
+                    f"{self.recipe.path}: methods.{cell.method_name}.{role}",
+                    f"drafter {name!r} does not share the target's tokenizer",
+                    "use a drafter trained with the target's vocabulary",
+                )
+
+    # -- keys and references -----------------------------------------------------------------
+
+    def _key(self, cell: Cell, dataset: DatasetRun, example: Example) -> str:
+        parts = [cell.fingerprint(self.recipe), dataset.label, example.id, example.prompt, *example.turns]
+        if dataset.execute_code:  # rows graded by running code differ from ungraded ones
+            parts.append("execute_code")
+        if dataset.max_new_tokens is not None:
+            parts.append(f"max_new_tokens={dataset.max_new_tokens}")
+        if self.repeats > 1 and not cell.replay:  # rows measured once stay valid for repeats: 1
+            parts.append(f"repeats={self.repeats}")
+        return _hash(*parts)
+
+    def reference_key(self, dataset: DatasetRun, cell: Cell, example: Example) -> str | None:
+        """The key of the row of the (first) AR cell of ``cell``'s target on this example; None when
+        the recipe has no AR cell on that target."""
+        for other in self.recipe.cells():
+            if other.method == "autoregressive" and other.target == cell.target:
+                return self._key(other, dataset, example)
+        return None
+
+    def _reference(self, dataset, cell, example) -> dict | None:
+        """The row of the (first) AR cell of ``cell``'s target on this example, if recorded."""
+        key = self.reference_key(dataset, cell, example)
+        return None if key is None else self.recorded(key)
+
+    def _checked(self, cell: Cell) -> bool:
+        """Whether the cell's rows are checked token for token against the AR output."""
+        return (
+            self.recipe.lossless_check
+            and self.recipe.generation.temperature == 0
+            and METHODS[cell.method].lossless(cell.params)
+        )
+
+    def needs_reference(self, cell: Cell) -> bool:
+        """Whether the cell's rows read its target's AR row: replay, an oracle, the lossless check."""
+        return bool(cell.replay or METHODS[cell.method].needs_reference or self._checked(cell))
+
+    # -- measuring ---------------------------------------------------------------------------
+
+    def start_cell(self, dataset: DatasetRun, cell: Cell) -> CellModels:
+        """The cell's models, and its warm-up (unrecorded) before its first row."""
+        target = self.model(cell.target)
+        if cell.drafters:  # a cascade gets every drafter, largest first, the statistical one last
+            drafter = [self.model(name) for name in cell.drafters]
+        else:
+            drafter = self.model(cell.drafter) if cell.drafter else None
+        self.sample_gpu(dataset, cell, "start")
+        for example in dataset.examples[: self.recipe.warmup]:
+            self._generate(dataset, cell, target, drafter, example, check=False)
+        return CellModels(target, drafter)
+
+    def measure(self, dataset: DatasetRun, cell: Cell, example: Example, models: CellModels) -> dict:
+        """The row of one example of a started cell."""
+        check = cell.replay and example.id in {e.id for e in dataset.examples[: self.recipe.replay_check]}
+        request, generation, replay, repeats = self._measure(dataset, cell, models, example, check)
+        row = self._row(dataset, cell, example, models.target, request, generation, replay)
+        if repeats:
+            row["walltime_repeats"] = [g.walltime for g in repeats]
+            row["ttft_repeats"] = [g.ttft for g in repeats]
+        row["peak_memory_mb"] = peak_memory_mb(models.target.device)
+        return row
+
+    def _measure(self, dataset: DatasetRun, cell: Cell, state, example: Example, check: bool):
+        """One example, ``repeats`` times for a timed cell: every repeat must give the same outputs and
+        counts; the row's times are the repeats' means (each repeat is kept). (request, generation,
+        replay, the repeats or [] when measured once)."""
+        reset_peak_memory(state.target.device)
+        request, first, replay = self._generate(dataset, cell, state.target, state.drafter, example, check)
+        if self.repeats == 1 or cell.replay:
+            return request, first, replay, []
+        repeats = [first]
+        for number in range(2, self.repeats + 1):
+            again = self._generate(dataset, cell, state.target, state.drafter, example, False)[1]
+            difference = first_difference(first, again)
+            if difference:
+                raise SpecbenchError(
+                    f"{self.recipe.path}: repeats",
+                    f"repeat {number} of cell {cell.id} on {dataset.label} example {example.id} differs "
+                    f"from the first, {difference}",
+                    "the outputs are not deterministic on this device: set repeats: 1 and report it",
+                )
+            repeats.append(again)
+        mean = dataclasses.replace(
+            first,
+            walltime=sum(g.walltime for g in repeats) / len(repeats),
+            ttft=sum(g.ttft for g in repeats) / len(repeats),
+            forwards={
+                model: {
+                    **counts,
+                    "seconds": sum(g.forwards[model]["seconds"] for g in repeats) / len(repeats),
+                }
+                for model, counts in first.forwards.items()
+            },
+        )
+        return request, mean, replay, repeats
+
+    def _generate(self, dataset, cell: Cell, target, drafter, example: Example, check: bool):
+        """(request, generation, the ReplayTarget or None): one example, live or replayed; ``check``
+        also runs a replayed one live and stops at the first difference."""
+        method = METHODS[cell.method].run
+        if example.turns:
+            return self._conversation(dataset, cell, target, drafter, example)
+        request = self._request(target, dataset, example)
+        if METHODS[cell.method].needs_reference:
+            reference = self._reference(dataset, cell, example)
+            if reference is None:  # AR cells run first, so only a failed AR row leads here
+                raise SpecbenchError(
+                    f"{self.recipe.path}: methods.{cell.method_name}",
+                    f"no autoregressive row of {cell.target!r} for {dataset.label} example {example.id}",
+                    "run the recipe's autoregressive method on this target first (it is in the plan)",
+                )
+            request = dataclasses.replace(request, reference_ids=reference["output_ids"])
+        if not cell.replay:
+            return request, method(cell.params, target, drafter, request), None
+        where = f"{self.recipe.path}: methods.{cell.method_name}.replay"
+        about = f"cell {cell.id}, {dataset.label} example {example.id}"
+        reference = self._reference(dataset, cell, example)
+        if reference is None:
+            raise SpecbenchError(
+                where,
+                f"{about}: no autoregressive row of {cell.target!r} to replay",
+                f"add an autoregressive method with target: {cell.target} (it runs first)",
+            )
+        replay = ReplayTarget(target, reference["output_ids"], reference["stopped_by_eos"])
+        try:
+            generation = method(cell.params, replay, drafter, request)
+        except ReplayError as error:
+            raise SpecbenchError(where, f"{about}: {error.problem}", error.fix) from None
+        if check:
+            live = method(cell.params, target, drafter, self._request(target, dataset, example))
+            difference = first_difference(generation, live)
+            if difference:
+                raise SpecbenchError(
+                    where,
+                    f"{about}: the replayed run differs from the live one, {difference}",
+                    "replay is exact only for greedy lossless methods: run this method live "
+                    "(remove replay:) and report the difference",
+                )
+        return request, generation, replay
+
+    def _conversation(self, dataset, cell: Cell, target, drafter, example: Example):
+        """A multi-turn example (Spec-Bench's MT-Bench questions): each turn after the model's own
+        answers to the turns before it, all turns one row (their tokens, counts and times summed)."""
+        if cell.replay or METHODS[cell.method].needs_reference:
+            raise SpecbenchError(
+                f"{self.recipe.path}: methods.{cell.method_name}",
+                f"{dataset.label} example {example.id} has {len(example.turns) + 1} turns, and "
+                f"{'replay' if cell.replay else 'an oracle'} follows one AR output per prompt",
+                "run this method live on multi-turn data (remove replay:), or use single-turn data",
+            )
+        turns, answers, first = [], [], None
+        for _ in range(len(example.turns) + 1):
+            request = self._request(target, dataset, example, answers)
+            generation = METHODS[cell.method].run(cell.params, target, drafter, request)
+            turns.append(generation)
+            answers.append(target.tokenizer.decode(generation.tokens, skip_special_tokens=True))
+            first = first or request
+        return first, Generation.joined(turns), None
+
+    def _request(self, target: HFModel, dataset: DatasetRun, example: Example, answers=()) -> Request:
+        text = render_turn(example, list(answers), target.tokenizer, dataset.chat_template)
+        add_special = not dataset.chat_template or target.is_encoder_decoder
+        ids = target.tokenizer(text, add_special_tokens=add_special, return_tensors="pt").input_ids[0]
+        gen = self.recipe.generation
+        sampling = SamplingParams(gen.temperature, gen.top_k, gen.top_p)
+        generator = torch.Generator(device=target.device)
+        turn = [f"turn {len(answers)}"] if answers else []  # turn 0 keeps the single-turn seed
+        generator.manual_seed(
+            int(_hash(str(self.recipe.seed), dataset.label, example.id, *turn), 16) % (2**63)
+        )
+        max_new_tokens = dataset.max_new_tokens or gen.max_new_tokens
+        return Request(ids.to(target.device), max_new_tokens, sampling, target.eos_token_ids(), generator)
+
+    def _row(self, dataset, cell, example, target, request: Request, generation, replay=None) -> dict:
+        text = target.tokenizer.decode(generation.tokens, skip_special_tokens=True)
+        reference = self._reference(dataset, cell, example) if self._checked(cell) else None
+        drafters = {name: self.model(name) for name in drafter_names(cell)}
+        return build_row(
+            dataset,
+            cell,
+            example,
+            text,
+            request,
+            generation,
+            key=self._key(cell, dataset, example),
+            first_divergence=divergence(reference["output_ids"], generation.tokens) if reference else None,
+            costs=cell_costs(self.recipe, cell, target, drafters),
+            replay=replay,
+        )
+
+    def sample_gpu(self, dataset: DatasetRun, cell: Cell, at: str) -> None:
+        sample = gpu_sample()
+        if sample is not None:
+            where = {"dataset": dataset.label, "cell": cell.id, "at": at, "time": now()}
+            self.gpu_samples.append({**where, "gpus": sample})

@@ -1,0 +1,189 @@
+"""`specbench plan`: model sizes from configurations on the meta device, placement on declared GPUs,
+forward passes and α, on the command line and as data. Meta device only: nothing is downloaded or loaded."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from specbench.cli import app
+from specbench.errors import SpecbenchError
+from specbench.models import facts
+from specbench.pipeline import placement, plan
+from specbench.recipe import load_recipe, parse_recipe
+from specbench.tasks import TASKS
+
+ROOT = Path(__file__).resolve().parents[1]
+LLAMA_70B = ROOT / "recipes" / "specdecpp" / "llama2_chat_7b_70b.yaml"
+TINY = ROOT / "recipes" / "quickstart-tiny.yaml"
+GiB = 2**30
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("hub_id", sorted(facts.shipped_facts()))
+def test_meta_built_parameter_count_matches_the_published_count(hub_id):
+    entry = facts.shipped_facts()[hub_id]
+    built = facts.from_config("m", hub_id, "test", "float32", entry["config"])
+    assert built.params == pytest.approx(entry["params"], rel=0.01), hub_id
+
+
+def test_every_hub_id_of_a_shipped_recipe_has_facts():
+    sources = set()
+    for path in (ROOT / "recipes").rglob("*.yaml"):
+        for model in (yaml.safe_load(path.read_text()).get("models") or {}).values():
+            sources.add(model["source"])
+    hub_ids = {s for s in sources if s.count("/") == 1 and not s.startswith(("distilled:", ".", "/", "~"))}
+    assert hub_ids and hub_ids <= set(facts.shipped_facts())
+
+
+def test_weight_bytes_follow_the_dtype():
+    entry = facts.shipped_facts()["meta-llama/Llama-2-7b-chat-hf"]["config"]
+    half = facts.from_config("m", "s", "test", "bfloat16", entry)
+    full = facts.from_config("m", "s", "test", "float32", entry)
+    assert half.params == full.params == 6_738_415_616
+    assert half.weight_bytes == 2 * half.params and full.weight_bytes == 4 * full.params
+
+
+def test_kv_cache_bytes_by_hand():
+    llama = facts.from_config(
+        "m", "s", "test", "bfloat16", facts.shipped_facts()["meta-llama/Llama-2-70b-chat-hf"]["config"]
+    )
+    assert llama.kv_bytes_per_token == 2 * 80 * 8 * 128 * 2  # K and V x layers x KV heads x head dim x bf16
+    t5 = facts.from_config(
+        "m", "s", "test", "float32", facts.shipped_facts()["google/flan-t5-small"]["config"]
+    )
+    assert t5.kv_bytes_per_token == 2 * 8 * 6 * 64 * 4  # decoder layers x heads x d_kv, float32
+    # the T5 v1.1 checkpoints keep their own output head, although transformers 5 ties T5's
+    assert t5.params == 76_961_152
+
+
+def test_the_70b_recipe_fits_on_two_80gib_gpus():
+    result = runner.invoke(
+        app, ["plan", str(LLAMA_70B), "--gpus", "2", "--gpu-memory", "80GiB", "-f", "json"]
+    )
+    assert result.exit_code == 0, result.output
+    bill = json.loads(result.stdout)
+    gpus = bill["placement"]["gpus"]
+    assert [[e["name"] for e in g["models"]] for g in gpus] == [["target"], ["target", "draft"]]
+    assert all(g["used_bytes"] <= g["usable_bytes"] for g in gpus)
+    assert bill["placement"]["gpus_needed"] == 2
+    target = next(m for m in bill["models"] if m["name"] == "target")
+    assert target["params"] == 68_976_648_192 and target["origin"].endswith("model_facts.yaml")
+
+
+def test_the_70b_recipe_on_one_gpu_is_a_one_line_error():
+    result = runner.invoke(app, ["plan", str(LLAMA_70B), "--gpus", "1", "--gpu-memory", "80GiB"])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.output
+    assert "models.target" in lines[0] and "needs 2 x 80 GiB" in lines[0]
+
+
+def test_the_table_names_cells_sizes_and_assumptions():
+    result = runner.invoke(app, ["plan", str(LLAMA_70B), "--gpus", "2"])
+    assert result.exit_code == 0, result.output
+    for text in ("128.48 GiB", "target (part 1/2)", "sd[k=4]", "GPU-hours", "Leviathan"):
+        assert text in result.output, text
+
+
+def test_a_balanced_split_capped_by_max_memory_is_refused_with_the_reason():
+    # accelerate's balanced split caps GPU 0 at half the model plus a layer: 8 GiB would go to disk
+    data = yaml.safe_load(LLAMA_70B.read_text())
+    data["models"]["target"]["options"]["device_map"] = "auto"
+    recipe = parse_recipe(data, LLAMA_70B, set(TASKS))
+    with pytest.raises(SpecbenchError, match="on disk .*device_map: sequential keeps max_memory"):
+        plan.build_plan(recipe, plan.Hardware(gpus=2))
+
+
+def test_speculative_passes_follow_leviathan_by_hand():
+    cell = next(c for c in load_recipe(TINY).cells() if c.id == "sd-draft[k=4]")
+    passes, k = plan.expected_passes(cell, 512, 0.6)
+    expected = 512 / ((1 - 0.6**5) / (1 - 0.6))  # tokens / E[accepted + 1]
+    assert k == 4 and passes["target"] == pytest.approx(expected) == pytest.approx(222.07, abs=0.01)
+    assert passes["draft"] == pytest.approx(4 * expected)
+    ar = next(c for c in load_recipe(TINY).cells() if c.id == "ar")
+    assert plan.expected_passes(ar, 512, 0.6) == ({"target": 512}, None)
+
+
+def _previous_run(directory: Path) -> Path:
+    directory.mkdir()
+    rows = [
+        {
+            "key": f"k{i}",
+            "dataset": "arithmetic/test",
+            "cell": "sd-draft[k=4]",
+            "example_id": f"arith-00{i}",
+            "prompt_tokens": 90,
+            "forwards": {"big": {"forward_passes": 10, "seconds": 0.5}},
+        }
+        for i in (1, 2)
+    ]
+    (directory / "examples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with open(directory / "cells.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, ["dataset", "cell", "target", "drafter", "draft_acceptance_rate"])
+        writer.writeheader()
+        writer.writerow(
+            {
+                "dataset": "arithmetic/test",
+                "cell": "sd-draft[k=4]",
+                "target": "big",
+                "drafter": "little",
+                "draft_acceptance_rate": 0.8,
+            }
+        )
+    recipe = yaml.safe_load(TINY.read_text())
+    models = {"big": recipe["models"]["target"], "little": recipe["models"]["draft"]}
+    (directory / "resolved_recipe.yaml").write_text(yaml.safe_dump({"models": models}))
+    return directory
+
+
+def test_alpha_rows_and_pass_time_come_from_a_previous_run(tmp_path):
+    previous = _previous_run(tmp_path / "run")  # the same models under other names
+    bill = plan.build_plan(load_recipe(TINY), plan.Hardware(), output_dir=previous)
+    cells = {c["cell"]: c for c in bill["cells"]}
+    assert cells["sd-draft[k=2]"]["alpha"] == 0.8 and cells["sd-draft[k=2]"]["alpha_source"] == "previous run"
+    assert cells["sd-lookup[k=2]"]["alpha"] == 0.6  # another drafter: the assumption
+    assert cells["sd-draft[k=4]"]["rows"] == 2 and cells["sd-draft[k=4]"]["rows_done"] == 2
+    target = next(m for m in bill["models"] if m["name"] == "target")
+    assert target["pass_ms"] == pytest.approx(50.0) and target["pass_ms_source"].startswith("previous run")
+    assert bill["assumptions"]["datasets"][0]["prompt_tokens"] == 90
+
+
+def test_json_output_parses_and_pass_ms_is_used():
+    result = runner.invoke(
+        app, ["plan", str(TINY), "-f", "json", "--pass-ms", "target=2", "--pass-ms", "draft=1"]
+    )
+    assert result.exit_code == 0, result.output
+    bill = json.loads(result.stdout)
+    assert {m["name"]: m["pass_ms_source"] for m in bill["models"]}["target"] == "--pass-ms"
+    ar = next(c for c in bill["cells"] if c["cell"] == "ar")
+    # 4 examples + 1 warm-up, 24 tokens each, 2 ms a pass
+    assert ar["rows"] == 4 and ar["seconds"] == pytest.approx(5 * 24 * 2 / 1000)
+    assert bill["placement"] is None and bill["totals"]["gpu_hours"] is None
+
+
+def test_placement_splits_only_what_one_gpu_cannot_hold():
+    big = placement.Demand("big", 100 * GiB, 0, 0.0)
+    small = placement.Demand("small", 10 * GiB, 0, 0.0)
+    sits, failed, _ = placement.place([small, big], 2, 79 * GiB)
+    assert (
+        failed is None
+        and sits[0] == [("big", 79 * GiB)]
+        and sits[1] == [("big", 21 * GiB), ("small", 10 * GiB)]
+    )
+    assert placement.gpus_needed([big, small], 40 * GiB) == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("80GiB", 80 * GiB), ("80 GB", 80e9), ("81920MiB", 80 * GiB), (1024, 1024.0)]
+)
+def test_sizes_take_binary_and_decimal_units(text, expected):
+    assert placement.parse_size(text, "--gpu-memory") == expected
+    assert placement.parse_size("2TB/s", "--bandwidth", per_second=True) == 2e12
+    with pytest.raises(SpecbenchError, match="not a positive size"):
+        placement.parse_size("80", "--gpu-memory")
