@@ -289,19 +289,32 @@ class Cell:
                 for name, value in self.params.items()
                 if not _omitted_default(METHODS[self.method].params.get(name), value)
             },
-            "target": recipe.models[self.target].model_dump(mode="json"),
-            "drafter": recipe.models[self.drafter].model_dump(mode="json") if self.drafter else None,
+            "target": _model_payload(recipe.models[self.target]),
+            "drafter": _model_payload(recipe.models[self.drafter]) if self.drafter else None,
             "generation": recipe.generation.model_dump(mode="json"),
             "seed": recipe.seed,
         }
         if self.drafters:  # only cascades carry the key, so other cells keep their fingerprints
-            payload["drafters"] = [recipe.models[name].model_dump(mode="json") for name in self.drafters]
+            payload["drafters"] = [_model_payload(recipe.models[name]) for name in self.drafters]
         if METHODS[self.method].revision > 1:
             payload["revision"] = METHODS[self.method].revision
         if self.replay:  # same counts and outputs, but the walltime of replayed rows is not measured
             payload["replay"] = True
         canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _model_payload(spec: ModelSpec) -> dict:
+    """A model as it enters fingerprints: its recipe entry, and for ``dtype: auto`` the dtype that
+    resolves to on this machine, so that rows measured in bfloat16 never resume as float32 ones."""
+    payload = spec.model_dump(mode="json")
+    if spec.dtype == "auto" and spec.source not in ("prompt-lookup", "maxgram", "early-exit"):
+        from specbench.models.registry import dtype_choice, resolve_device
+
+        resolved = dtype_choice("auto", resolve_device(spec.device), spec.source)[0]
+        if resolved != "float32":  # float32, the old resolution on CPU, keeps existing fingerprints
+            payload["resolved_dtype"] = resolved
+    return payload
 
 
 def _omitted_default(spec: ParamSpec | None, value: Any) -> bool:

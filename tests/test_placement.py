@@ -156,3 +156,31 @@ def test_loader_options_reach_from_pretrained(checkpoint, monkeypatch):
     registry.load(registry.ModelRequest("t", str(checkpoint), "float64", options=options))
     assert seen["attn_implementation"] == "eager" and seen["low_cpu_mem_usage"] is True
     assert seen["device_map"] == "sequential" and "trust_remote_code" not in seen
+
+
+def test_dtype_auto_on_cpu_is_bfloat16_only_with_bf16_matrix_units(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(registry, "cpu_bf16_feature", lambda: "AVX512-BF16")
+    assert registry.dtype_choice("auto", cpu, "org/model") == ("bfloat16", "auto: this CPU has AVX512-BF16")
+    assert registry.dtype_choice("auto", cpu, "tiny-llama")[0] == "float32"  # test fixtures stay exact
+    assert registry.dtype_choice("float64", cpu, "org/model") == ("float64", "set in the recipe")
+    monkeypatch.setattr(registry, "cpu_bf16_feature", lambda: None)
+    name, why = registry.dtype_choice("auto", cpu, "org/model")
+    assert name == "float32" and "no bfloat16 matrix units" in why
+
+
+def test_a_resolved_bfloat16_enters_the_fingerprint(monkeypatch, tmp_path):
+    from specbench.recipe import parse_recipe
+
+    data = {
+        "name": "f",
+        "models": {"t": {"source": "org/model"}, "d": {"source": "org/small", "dtype": "float32"}},
+        "datasets": [{"task": "arithmetic"}],
+        "methods": [{"name": "sd", "method": "speculative", "target": "t", "drafter": "d"}],
+    }
+    recipe = parse_recipe(data, tmp_path / "r.yaml")
+    (cell,) = recipe.cells()
+    monkeypatch.setattr(registry, "cpu_bf16_feature", lambda: None)
+    as_float32 = cell.fingerprint(recipe)
+    monkeypatch.setattr(registry, "cpu_bf16_feature", lambda: "AMX")
+    assert cell.fingerprint(recipe) != as_float32  # bf16 rows never resume as float32 ones

@@ -87,12 +87,41 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
-    return DTYPES[dtype]
+def resolve_dtype(dtype: str, device: torch.device, source: str = "") -> torch.dtype:
+    return DTYPES[dtype_choice(dtype, device, source)[0]]
+
+
+def dtype_choice(dtype: str, device: torch.device, source: str = "") -> tuple[str, str]:
+    """(dtype name, why) for a model's ``dtype:``. ``auto`` is bfloat16 on a GPU that supports it and
+    on a CPU with bfloat16 matrix units (AMX or AVX512-BF16: there a bf16 pass costs about half a
+    float32 one), float32 elsewhere; the in-process tiny models, which tests compare exactly, stay
+    float32."""
+    if dtype != "auto":
+        return dtype, "set in the recipe"
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return "bfloat16", "auto: the GPU supports bfloat16"
+        return "float32", "auto: the GPU does not support bfloat16"
+    if device.type == "cpu" and source not in TINY_SOURCES:
+        feature = cpu_bf16_feature()
+        if feature:
+            return "bfloat16", f"auto: this CPU has {feature}"
+        return "float32", "auto: this CPU has no bfloat16 matrix units (AMX, AVX512-BF16)"
+    return "float32", "auto: float32 here"
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_bf16_feature() -> str | None:
+    """The CPU feature that makes bfloat16 matmuls fast here (detected, never assumed), or None."""
+    checks = (("AMX", "_is_amx_tile_supported"), ("AVX512-BF16", "_is_avx512_bf16_supported"))
+    for name, check in checks:
+        probe = getattr(torch.cpu, check, None)
+        try:
+            if probe is not None and probe():
+                return name
+        except RuntimeError:
+            continue
+    return None
 
 
 @functools.lru_cache(maxsize=1)
@@ -123,7 +152,8 @@ def load(request: ModelRequest, resolve=None):
             option, text, fix = problem
             raise SpecbenchError(f"models.{request.name}.options.{option}", text, fix)
     device = resolve_device(request.device)
-    dtype = resolve_dtype(request.dtype, device)
+    dtype_name, dtype_reason = dtype_choice(request.dtype, device, source)
+    dtype = DTYPES[dtype_name]
     try:
         with _quiet_transformers():
             model, tokenizer, origin = _load_neural(request, source, opts, dtype)
@@ -144,6 +174,7 @@ def load(request: ModelRequest, resolve=None):
     placed = any(name in opts for name in ("device_map", "quantization"))  # accelerate placed it
     wrapped = HFModel(model if placed else model.to(device), request.name, tokenizer)
     wrapped.origin = origin
+    wrapped.dtype_reason = dtype_reason
     return wrapped
 
 

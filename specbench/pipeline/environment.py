@@ -58,6 +58,7 @@ def write_environment(
                     "device": str(m.device) if isinstance(m, HFModel) else "cpu",
                     # accelerate's placement (module -> device) of a model loaded with device_map
                     "device_map": _device_map(m),
+                    "dtype_reason": getattr(m, "dtype_reason", None),  # why dtype: auto chose it
                 }
                 for name, m in models.items()
             },

@@ -5,7 +5,9 @@ The local :class:`~specbench.pipeline.runner.Runner` is a Measurer that appends 
 examples.jsonl; a Ray worker (:mod:`specbench.pipeline.ray_executor`) holds one and sends its rows to the
 driver, the only writer. Both read the AR rows that replay and the lossless check need through
 :meth:`Measurer.recorded`: the runner from its log, a worker from the rows the driver ships with each
-example.
+example. A row the lossless check covers (greedy, a lossless method, an AR row) carries its first
+divergence from the AR output and its class: identical, a numerical tie or a mismatch
+(:mod:`specbench.pipeline.numerics`).
 
 Rows are keyed by a content hash of (cell fingerprint, dataset, example id, prompt), so a re-run with
 ``resume`` skips what is done, and a changed setting produces new rows instead of silently reusing old
@@ -40,6 +42,7 @@ from specbench.models.replay import ReplayError, ReplayTarget
 from specbench.pipeline.costs import cell_costs
 from specbench.pipeline.datasets import DatasetRun
 from specbench.pipeline.environment import gpu_sample, now, peak_memory_mb, reset_peak_memory
+from specbench.pipeline.numerics import divergence_fields
 from specbench.pipeline.rows import build_row, divergence
 from specbench.recipe import Cell, Recipe
 from specbench.tasks import Example, render_turn
@@ -176,11 +179,12 @@ class Measurer:
         """The row of one example of a started cell."""
         check = cell.replay and example.id in {e.id for e in dataset.examples[: self.recipe.replay_check]}
         request, generation, replay, repeats = self._measure(dataset, cell, models, example, check)
+        peak = peak_memory_mb(models.target.device)  # before the lossless check's own passes
         row = self._row(dataset, cell, example, models.target, request, generation, replay)
         if repeats:
             row["walltime_repeats"] = [g.walltime for g in repeats]
             row["ttft_repeats"] = [g.ttft for g in repeats]
-        row["peak_memory_mb"] = peak_memory_mb(models.target.device)
+        row["peak_memory_mb"] = peak
         return row
 
     def _measure(self, dataset: DatasetRun, cell: Cell, state, example: Example, check: bool):
@@ -298,7 +302,8 @@ class Measurer:
         text = target.tokenizer.decode(generation.tokens, skip_special_tokens=True)
         reference = self._reference(dataset, cell, example) if self._checked(cell) else None
         drafters = {name: self.model(name) for name in drafter_names(cell)}
-        return build_row(
+        first = divergence(reference["output_ids"], generation.tokens) if reference else None
+        row = build_row(
             dataset,
             cell,
             example,
@@ -306,10 +311,22 @@ class Measurer:
             request,
             generation,
             key=self._key(cell, dataset, example),
-            first_divergence=divergence(reference["output_ids"], generation.tokens) if reference else None,
+            first_divergence=first,
             costs=cell_costs(self.recipe, cell, target, drafters),
             replay=replay,
         )
+        if reference:  # a tie or a mismatch (numerics.py); the target's counters are left as they were
+            row.update(
+                divergence_fields(
+                    target,
+                    request.prompt_ids,
+                    reference["output_ids"],
+                    generation.tokens,
+                    first,
+                    single_turn=not example.turns,
+                )
+            )
+        return row
 
     def sample_gpu(self, dataset: DatasetRun, cell: Cell, at: str) -> None:
         sample = gpu_sample()

@@ -93,11 +93,28 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
         }
         for column in quality:
             row[column.removeprefix("quality_")] = format_num(r[column], 3)
-        checked = int(r.get("lossless_checked", 0) or 0)
-        row["lossless"] = f"{int(r['lossless_identical'])}/{checked}" if checked else ""
+        row["lossless"] = format_lossless(r)
         row["n"] = int(r["n"])
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def format_lossless(record: dict) -> str:
+    """``7/8 (1 tie)``: rows identical to the AR output of those checked, and the divergences by class
+    (numerics.py). cells.csv files from before the classes, and their unclassified rows, show no class."""
+    checked = int(format_int(record.get("lossless_checked")) or 0)
+    if not checked:
+        return ""
+    classes = []
+    for column, one, many in (
+        ("lossless_ties", "tie", "ties"),
+        ("lossless_mismatches", "mismatch", "mismatches"),
+    ):
+        count = int(format_int(record.get(column)) or 0)
+        if count:
+            classes.append(f"{count} {one if count == 1 else many}")
+    text = f"{int(record['lossless_identical'])}/{checked}"
+    return f"{text} ({', '.join(classes)})" if classes else text
 
 
 def format_interval(record: dict, column: str, unit: str = "") -> str:

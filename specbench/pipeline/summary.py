@@ -117,6 +117,10 @@ def summarise_cell(rows: list[dict]) -> dict:
     checked = [r["first_divergence"] for r in rows if r.get("first_divergence") is not None]
     out["lossless_checked"] = len(checked)
     out["lossless_identical"] = sum(1 for d in checked if d == -1)
+    # the divergences by class (numerics.py); rows from before the classes are in neither count
+    classes = [r.get("divergence_class") for r in rows if r.get("first_divergence") not in (None, -1)]
+    out["lossless_ties"] = classes.count("tie")
+    out["lossless_mismatches"] = classes.count("mismatch")
     out.update(_timing(rows))
     out.update(_acceptance(steps))
     out["bootstrap_seed"] = BOOTSTRAP_SEED
