@@ -93,9 +93,9 @@ def resolve_dtype(dtype: str, device: torch.device, source: str = "") -> torch.d
 
 def dtype_choice(dtype: str, device: torch.device, source: str = "") -> tuple[str, str]:
     """(dtype name, why) for a model's ``dtype:``. ``auto`` is bfloat16 on a GPU that supports it and
-    on a CPU with bfloat16 matrix units (AMX or AVX512-BF16: there a bf16 pass costs about half a
-    float32 one), float32 elsewhere; the in-process tiny models, which tests compare exactly, stay
-    float32."""
+    on a CPU with bfloat16 matrix units (AMX or AVX512-BF16: there a verification of k + 1 tokens
+    costs far less than in float32, which is where speculative decoding pays), float32 elsewhere; the
+    in-process tiny models, which tests compare exactly, stay float32."""
     if dtype != "auto":
         return dtype, "set in the recipe"
     if device.type == "cuda":
