@@ -308,7 +308,9 @@ def _model_payload(spec: ModelSpec) -> dict:
     """A model as it enters fingerprints: its recipe entry, and for ``dtype: auto`` the dtype that
     resolves to on this machine, so that rows measured in bfloat16 never resume as float32 ones."""
     payload = spec.model_dump(mode="json")
-    if spec.dtype == "auto" and spec.source not in ("prompt-lookup", "maxgram", "early-exit"):
+    from specbench.models.options import EARLY_EXIT, STATISTICAL_SOURCES
+
+    if spec.dtype == "auto" and spec.source not in (*STATISTICAL_SOURCES, EARLY_EXIT):
         from specbench.models.registry import dtype_choice, resolve_device
 
         resolved = dtype_choice("auto", resolve_device(spec.device), spec.source)[0]

@@ -15,6 +15,8 @@ in the encoder) itself.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -42,6 +44,15 @@ class ForwardCounter:
         self.forward_passes = self.tokens_scored = self.encoder_passes = 0
         self._seconds = 0.0
         self._events.clear()
+
+    @contextlib.contextmanager
+    def kept(self):
+        """Passes run inside leave the counter as it was (measurements that are not the method's)."""
+        saved = dataclasses.replace(self, _events=list(self._events))
+        try:
+            yield
+        finally:
+            vars(self).update(vars(saved))
 
     def begin(self, device: torch.device) -> object:
         if device.type == "cuda":

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from specbench.errors import SpecbenchError
+
 STATISTICAL_SOURCES = ("prompt-lookup", "maxgram")
 DISTILLED_PREFIX = "distilled:"
 BIGRAM_FILE = "bigram.json"
@@ -159,9 +161,29 @@ def _is_device(value, disk: bool = False) -> bool:
 
 
 def _is_size(value) -> bool:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value > 0
-    return isinstance(value, str) and bool(re.fullmatch(r"\d+(\.\d+)?\s*([KMGT]i?B)", value))
+    try:
+        parse_size(value, "max_memory")
+        return True
+    except SpecbenchError:
+        return False
+
+
+_UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}
+_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text, flag: str, per_second: bool = False) -> float:
+    """Bytes in ``80GiB``, ``80 GB``, ``81920MiB`` (bytes/s in ``2TB/s`` with ``per_second``); an int
+    is bytes already (max_memory takes both)."""
+    if isinstance(text, int) and not isinstance(text, bool) and text > 0 and not per_second:
+        return float(text)
+    suffix = r"/s" if per_second else ""
+    match = re.fullmatch(rf"\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?b|b){suffix}\s*", str(text), re.IGNORECASE)
+    if not match or float(match[1]) <= 0:
+        example = "2TB/s or 900GB/s" if per_second else "80GiB, 80GB or 81920MiB"
+        kind = "rate" if per_second else "size"
+        raise SpecbenchError(flag, f"{text!r} is not a positive {kind}", f"write e.g. {example}")
+    return float(match[1]) * _UNITS[match[2].lower()]
 
 
 # (kind, option) -> (type, lowest, highest): values a loader would take but cannot use

@@ -22,8 +22,6 @@ generation and leave the target's counters as they found them, so the row's coun
 
 from __future__ import annotations
 
-import contextlib
-import copy
 from collections.abc import Sequence
 
 import torch
@@ -59,15 +57,9 @@ def tolerance(dtype: torch.dtype, top1: float, device: torch.device | None = Non
     return relative * max(1.0, abs(top1))
 
 
-@contextlib.contextmanager
 def counter_kept(counter):
     """Whatever passes run inside leave ``counter`` (a ForwardCounter) as it was before."""
-    saved = copy.copy(counter)
-    saved._events = list(counter._events)
-    try:
-        yield
-    finally:
-        vars(counter).update(vars(saved))
+    return counter.kept()
 
 
 def next_token_logits(target, prompt_ids: torch.Tensor, prefix: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -31,26 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from specbench.errors import SpecbenchError
+from specbench.models.options import parse_size
 
 GiB = 2**30
 STRATEGIES = ("sequential", "balanced", "auto", "balanced_low_0")
-_UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}
-_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 MOST_GPUS = 64  # the search for the fewest GPUs that fit stops here
-
-
-def parse_size(text, flag: str, per_second: bool = False) -> float:
-    """Bytes in ``80GiB``, ``80 GB``, ``81920MiB`` (bytes/s in ``2TB/s`` with ``per_second``); an int
-    is bytes already (max_memory takes both)."""
-    if isinstance(text, int) and not isinstance(text, bool) and text > 0 and not per_second:
-        return float(text)
-    suffix = r"/s" if per_second else ""
-    match = re.fullmatch(rf"\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?b|b){suffix}\s*", str(text), re.IGNORECASE)
-    if not match or float(match[1]) <= 0:
-        example = "2TB/s or 900GB/s" if per_second else "80GiB, 80GB or 81920MiB"
-        kind = "rate" if per_second else "size"
-        raise SpecbenchError(flag, f"{text!r} is not a positive {kind}", f"write e.g. {example}")
-    return float(match[1]) * _UNITS[match[2].lower()]
 
 
 def show_bytes(value: float | None) -> str:
