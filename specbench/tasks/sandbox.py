@@ -88,8 +88,8 @@ def _set_limits(limits: Limits):
 
 
 # The full sandbox's set-up, run as root inside fresh namespaces (argv: the work folder, the python,
-# then the folders to hide). The program files are opened before /tmp is covered and copied into a
-# folder of the same name in the new /tmp.
+# then the folders to hide; one inside /tmp, gone with the fresh tmpfs, reappears empty). The program
+# files are opened before /tmp is covered and copied into a folder of the same name in the new /tmp.
 PRIVATE_MOUNTS = r"""
 set -e
 work=$1; python=$2; shift 2
@@ -98,7 +98,7 @@ mount --make-rprivate /
 for folder in /tmp /var/tmp /dev/shm; do
   if [ -d "$folder" ]; then mount -t tmpfs -o size=64m,mode=1777 tmpfs "$folder"; fi
 done
-for folder in "$@"; do mount -t tmpfs -o size=64k,mode=0755 tmpfs "$folder"; done
+for folder in "$@"; do mkdir -p "$folder"; mount -t tmpfs -o size=64k,mode=0755 tmpfs "$folder"; done
 mkdir -p "$work"
 cat <&3 >"$work/program.py"; cat <&4 >"$work/guard.py"; exec 3<&- 4<&-
 chown -R 65534:65534 "$work"
