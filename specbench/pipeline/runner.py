@@ -111,11 +111,13 @@ class Runner(Measurer):
             )
         done = self.log.done
         self._preflight(plan, done)
-        write_atomic(self.output_dir / RESOLVED_RECIPE, yaml.safe_dump(recipe.resolved(), sort_keys=False))
         written_before = self.written
         order = work_order(
             plan, lambda d, c, e: self._key(c, d, e) not in done, self.schedule, self.recipe.seed
         )
+        resolved = self.output_dir / RESOLVED_RECIPE
+        if order or not resolved.exists():  # a resume with nothing to run rewrites nothing
+            write_atomic(resolved, yaml.safe_dump(recipe.resolved(), sort_keys=False))
         self._todo = Counter((dataset.label, cell.id) for dataset, cell, _ in order)
         self._cells: dict[tuple[str, str], _CellState] = {}
         total = sum(len(dataset.examples) * len(cells) for dataset, cells in plan)

@@ -76,6 +76,18 @@ def test_a_resume_that_runs_nothing_rewrites_nothing(finished: Path):
     assert {name: (finished / name).read_bytes() for name in before} == before
 
 
+def test_a_resume_that_runs_nothing_keeps_an_older_resolved_recipe(finished: Path, tmp_path: Path):
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("examples.jsonl", ENVIRONMENT, "cells.csv"):
+        (copy / name).write_bytes((finished / name).read_bytes())
+    older = b"# written by an older specbench, without the fields added since\nname: quickstart-tiny\n"
+    (copy / "resolved_recipe.yaml").write_bytes(older)
+    result = runner.invoke(app, ["run", str(TINY), "--output-dir", str(copy), "--resume"])
+    assert result.exit_code == 0, result.output
+    assert (copy / "resolved_recipe.yaml").read_bytes() == older  # what `make demo` must not rewrite
+
+
 def test_environment_keeps_every_session_and_model(finished: Path, tmp_path: Path):
     env = json.loads((finished / ENVIRONMENT).read_text())
     assert env["results_format"] == 1 and set(env["models"]) == {"target", "draft", "lookup"}
