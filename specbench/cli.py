@@ -359,30 +359,38 @@ def bench(
     drafter: str = typer.Option(
         "same", help="Drafter model source; 'same' loads a second copy of the target."
     ),
-    k: int = typer.Option(4, min=1, help="Draft length, identical for our loop and HF's."),
+    k: int = typer.Option(4, min=1, help="Draft length, identical for our loops and HF's."),
     prompts: int = typer.Option(8, min=1, help="Timed prompts (one more is run first as warm-up)."),
     max_new_tokens: int = typer.Option(64, min=1, help="Tokens generated per prompt."),
     task: str = typer.Option("arithmetic", help="Prompt set (a task name)."),
     dtype: str = typer.Option("auto", help="float32, bfloat16, float16, float64 or auto."),
     device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto."),
+    engine: str = typer.Option(
+        "eager",
+        help="Engines to time, comma-separated: eager (HF passes, dynamic cache), compiled (static cache, "
+        "compiled passes: minutes of compilation on a CPU, reported apart) or eager,compiled.",
+    ),
     target_options: str = typer.Option(
         "{}", help='Loader options as JSON, e.g. \'{"hidden_size": 2048, "layers": 16}\' for tiny-llama.'
     ),
     drafter_options: str = typer.Option("{}", help="Loader options of the drafter as JSON."),
 ):
-    """Time our AR/SD loops against HF generate (assisted and prompt lookup) on the same inputs.
+    """Time our AR/SD loops on each engine against HF generate (eager; assisted; prompt lookup; and
+    with --engine compiled, HF's static-cache compiled generate) and the memory-bandwidth limit.
 
-    Prints the walltime ratios HF/ours (> 1 means ours is faster) and our loop overhead
-    (1 - time inside model forwards / walltime). Greedy decoding; outputs are identical by design.
+    Every ratio printed compares two rows of this one run (walltime per token; > 1 means the second
+    named is faster). Also printed: our loops' overhead (1 - time inside model passes / walltime), the
+    compile times (never part of a walltime), and whether outputs are identical, and where not, whether
+    they part at a numerical tie. Greedy decoding.
     """
-    from specbench.pipeline.bench import print_bench, run_bench
+    from specbench.pipeline.bench import parse_engines, print_bench, run_bench
 
     console = Console()
     options = {
         name: _json_option(f"--{name}", value)
         for name, value in (("target-options", target_options), ("drafter-options", drafter_options))
     }
-    tallies = run_bench(
+    result = run_bench(
         target,
         drafter,
         k,
@@ -394,8 +402,9 @@ def bench(
         console,
         options["target-options"],
         options["drafter-options"],
+        engines=parse_engines(engine),
     )
-    print_bench(tallies, console)
+    print_bench(result, console)
 
 
 @app.command()

@@ -86,6 +86,10 @@ def always(params: dict) -> bool:
     return True
 
 
+def k_draft_length(params: dict) -> tuple[int, ...]:
+    return (params["k"],) if "k" in params else ()
+
+
 @dataclass(frozen=True)
 class Method:
     name: str
@@ -104,6 +108,9 @@ class Method:
     lossless: Callable[[dict], bool] = never
     # why the target cannot be replayed from its AR output, when the method runs the target itself
     no_replay: str | None = None
+    # the most candidates one verification holds, for each draft length the cell uses: the compiled
+    # engine compiles a pass of each + 1 tokens (shorter passes pad up to one, longer run eagerly)
+    draft_lengths: Callable[[dict], tuple[int, ...]] = k_draft_length
     # bumped when the algorithm's outputs or counts change for the same parameters: above 1 it enters
     # the cells' fingerprints, so a resumed run recomputes those rows instead of mixing two versions
     revision: int = 1

@@ -118,6 +118,9 @@ class ModelSpec(_Strict):
     dtype: Literal["float32", "float64", "bfloat16", "float16", "auto"] = "auto"
     device: str = "auto"
     revision: str | None = None
+    # eager Hugging Face passes, or specbench.models.compiled (static cache + compiled fixed shapes);
+    # unset: the recipe's engine. Statistical drafters have none.
+    engine: Literal["eager", "compiled"] | None = None
     # passed to the loader; specbench.models.registry.SOURCE_OPTIONS lists what each source takes
     options: dict[str, Any] = Field(default_factory=dict)
     cost: CostSpec | None = None
@@ -203,6 +206,8 @@ class Recipe(_Strict):
     schedule: Literal["interleaved", "by-cell"] = "interleaved"
     # each timed row measured this many times (outputs and counts must agree); rows keep every repeat
     repeats: int = Field(default=1, ge=1, le=100)
+    # the engine of every neural model that names none (eager: what the papers measured)
+    engine: Literal["eager", "compiled"] = "eager"
     generation: GenerationSpec = Field(default_factory=GenerationSpec)
     models: dict[str, ModelSpec] = Field(min_length=1)
     datasets: list[DatasetSpec] = Field(min_length=1)
@@ -213,6 +218,14 @@ class Recipe(_Strict):
     @property
     def path(self) -> Path:
         return self._path
+
+    def engine_of(self, name: str) -> str:
+        """The engine model ``name`` runs on: its own ``engine``, else the recipe's; statistical
+        drafters always ``eager`` (they run no passes)."""
+        spec = self.models[name]
+        if spec.source in STATISTICAL_SOURCES:
+            return "eager"
+        return spec.engine or self.engine
 
     def cells(self) -> list[Cell]:
         """Methods in recipe order; within one, the cartesian product of its grid in sorted-key order."""
@@ -289,13 +302,13 @@ class Cell:
                 for name, value in self.params.items()
                 if not _omitted_default(METHODS[self.method].params.get(name), value)
             },
-            "target": _model_payload(recipe.models[self.target]),
-            "drafter": _model_payload(recipe.models[self.drafter]) if self.drafter else None,
+            "target": _model_payload(recipe, self.target),
+            "drafter": _model_payload(recipe, self.drafter) if self.drafter else None,
             "generation": recipe.generation.model_dump(mode="json"),
             "seed": recipe.seed,
         }
         if self.drafters:  # only cascades carry the key, so other cells keep their fingerprints
-            payload["drafters"] = [_model_payload(recipe.models[name]) for name in self.drafters]
+            payload["drafters"] = [_model_payload(recipe, name) for name in self.drafters]
         if METHODS[self.method].revision > 1:
             payload["revision"] = METHODS[self.method].revision
         if self.replay:  # same counts and outputs, but the walltime of replayed rows is not measured
@@ -304,10 +317,16 @@ class Cell:
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def _model_payload(spec: ModelSpec) -> dict:
+def _model_payload(recipe: Recipe, name: str) -> dict:
     """A model as it enters fingerprints: its recipe entry, and for ``dtype: auto`` the dtype that
-    resolves to on this machine, so that rows measured in bfloat16 never resume as float32 ones."""
+    resolves to on this machine, so that rows measured in bfloat16 never resume as float32 ones.
+    The engine enters only when compiled (outputs may differ in low precision; times do), so rows
+    measured before engines existed keep their keys."""
+    spec = recipe.models[name]
     payload = spec.model_dump(mode="json")
+    del payload["engine"]
+    if recipe.engine_of(name) != "eager":
+        payload["engine"] = recipe.engine_of(name)
     from specbench.models.options import EARLY_EXIT, STATISTICAL_SOURCES
 
     if spec.dtype == "auto" and spec.source not in (*STATISTICAL_SOURCES, EARLY_EXIT):
@@ -423,6 +442,12 @@ def _check_options(path: Path, name: str, model: ModelSpec) -> None:
             f"{path}: models.{name}.device",
             f"device: {model.device} and options.device_map both place the model",
             "keep one: device for a whole model on one device, device_map to split it",
+        )
+    if model.engine is not None and model.source in STATISTICAL_SOURCES:
+        raise SpecbenchError(
+            f"{path}: models.{name}.engine",
+            f"{model.source} is a statistical drafter: it runs no model passes an engine could compile",
+            "remove engine from this model",
         )
     if model.revision is not None and source_kind(model.source) in NO_REVISION:
         raise SpecbenchError(

@@ -10,8 +10,55 @@ import pytest
 import torch
 
 from specbench.models.base import ModelDrafter
+from specbench.models.compiled import ENGINES, CompiledHFModel
 from specbench.models.hf import HFModel
 from specbench.models.tiny import build_tiny
+
+__all__ = ["ENGINES", "engine_model"]
+
+# the draft lengths tests use: a compiled test model compiles a pass of each + 1 tokens
+TEST_DRAFT_LENGTHS = (2, 4, 8)  # buckets 1, 3, 5, 9: the others pad
+
+
+class PooledCompiledModel(CompiledHFModel):
+    """A compiled test model whose static cache comes from a pool shared by the test session.
+
+    Dynamo guards each graph on the addresses of the cache it was traced with, and tracing a tiny
+    Llama costs ~0.6 s a shape; tests build hundreds of short-lived models. Models of one shape and
+    name take turns with one cache, so they share graphs (quick mode: weights are graph inputs, not
+    constants). Only the latest model to take a cache may use it."""
+
+    pool: dict = {}
+
+    def _new_cache(self, capacity: int):
+        config = self.model.config.get_text_config(decoder=True)
+        slot = (config.to_json_string(), str(self.model.dtype), capacity, self.name)
+        if slot not in self.pool:
+            self.pool[slot] = [super()._new_cache(capacity), None]
+        entry = self.pool[slot]
+        entry[1] = self
+        self._slot = entry
+        for layer in entry[0].layers:  # the previous user's pointer
+            if layer.is_initialized:
+                layer.cumulative_length.zero_()
+        return entry[0]
+
+    def score(self, tokens, n_candidates):
+        assert self._slot[1] is self, f"{self.name}: another test model took over this model's cache"
+        return super().score(tokens, n_candidates)
+
+
+def engine_model(
+    weights: torch.nn.Module, name: str, engine: str = "eager", draft_lengths=TEST_DRAFT_LENGTHS
+):
+    """``weights`` behind the interface of ``engine``. Compiled test models compile quickly (inductor
+    without weight freezing or autotuning: the same static cache, padded buckets and graphs) and
+    share caches by shape and name (:class:`PooledCompiledModel`)."""
+    if engine == "eager":
+        return HFModel(weights, name)
+    model = PooledCompiledModel(weights, name, quick=True)
+    model.prepare(64, draft_lengths)
+    return model
 
 
 def pytest_collection_modifyitems(config, items):
@@ -90,9 +137,16 @@ def tiny_pair(tiny_model, one_thread):
     """Factory: (target HFModel, drafter ModelDrafter) of one kind; equal seeds share the weights
     (each wrapper keeps its own KV cache)."""
 
-    def make(kind: str = "tiny-llama", target_seed: int = 0, drafter_seed: int = 1, **options):
-        target = HFModel(tiny_model(kind, target_seed, **options), "target")
-        drafter = ModelDrafter(HFModel(tiny_model(kind, drafter_seed, **options), "drafter"))
-        return target, drafter
+    def make(
+        kind: str = "tiny-llama",
+        target_seed: int = 0,
+        drafter_seed: int = 1,
+        engine: str = "eager",
+        draft_lengths=TEST_DRAFT_LENGTHS,
+        **options,
+    ):
+        target = engine_model(tiny_model(kind, target_seed, **options), "target", engine, draft_lengths)
+        drafter = engine_model(tiny_model(kind, drafter_seed, **options), "drafter", engine, draft_lengths)
+        return target, ModelDrafter(drafter)
 
     return make

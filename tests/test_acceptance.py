@@ -13,13 +13,13 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from conftest import ENGINES, engine_model
 from scipy.stats import binomtest, chisquare
 
 from specbench.decoding import speculative
 from specbench.decoding.acceptance import exact_rule, greedy_accept, lenience_factor, speculative_accept
 from specbench.decoding.sampling import SamplingParams
 from specbench.drafters.maxgram import MaxGramDrafter
-from specbench.models.hf import HFModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -207,10 +207,11 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("case", list(CASES))
-def test_speculative_sampling_reproduces_the_target_joint(case, tiny_pair):
+def test_speculative_sampling_reproduces_the_target_joint(case, engine, tiny_pair):
     sampling, k, max_new, trials, warp = CASES[case]
-    target, drafter = tiny_pair("tiny-llama", 1, 2, **TINY_OPTIONS)
+    target, drafter = tiny_pair("tiny-llama", 1, 2, engine, (k,), **TINY_OPTIONS)
     prompt = torch.tensor([3, 4, 5, 2])
 
     reference = exact_joint(target.model, prompt, max_new, warp)
@@ -232,11 +233,12 @@ def test_speculative_sampling_reproduces_the_target_joint(case, tiny_pair):
         assert any(0 < a < d for d, a in steps), steps
 
 
-def test_prompt_lookup_sampling_reproduces_the_target_joint(tiny_model):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_prompt_lookup_sampling_reproduces_the_target_joint(engine, tiny_model):
     """Deterministic drafts (q = None) through the whole loop: still the target's law. (Two
     tokens leave a budget of one draft; longer one-hot drafts are covered at rule level.)"""
     target_weights = tiny_model("tiny-llama", 1, **TINY_OPTIONS)
-    target = HFModel(target_weights, "target")
+    target = engine_model(target_weights, "target", engine, (3,))
     prompt = torch.tensor([2, 4, 2, 4, 2, 4, 5, 2])  # ends in 2: lookup proposes the 4 after it
     reference = exact_joint(target_weights, prompt, 2, softmax_at(1.0))
     gen = torch.Generator().manual_seed(31)

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import model_roles
+from conftest import ENGINES, engine_model, model_roles
 from test_acceptance import P, Q, assert_matches, exact_joint, softmax_at
 from typer.testing import CliRunner
 
@@ -41,6 +41,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 16
 KINDS = ("tiny-llama", "tiny-t5")
+WITH_COMPILED = (*KINDS, "tiny-llama/compiled")  # kind[/engine]
 F64 = torch.float64
 
 
@@ -73,8 +74,12 @@ CASCADES = [
 
 def run_cascade(weights, kind, seed, roles, K, *, max_new_tokens, convention="cumulative", **options):
     """One greedy generation through the method adapter (``specbench.methods``), as the runner calls it."""
-    target = HFModel(weights(kind, seed), "target")
-    drafters = [HFModel(weights(kind, seed, role), f"d{i + 1}") for i, role in enumerate(roles)]
+    kind, _, engine = kind.partition("/")
+    target = engine_model(weights(kind, seed), "target", engine or "eager")
+    drafters = [
+        engine_model(weights(kind, seed, role), f"d{i + 1}", engine or "eager")
+        for i, role in enumerate(roles)
+    ]
     eos = options.pop("eos", [])
     params = {
         "K": K if convention == "cumulative" else increments_from_cumulative(K),
@@ -113,14 +118,14 @@ def check_invariants(gen, *, kind, prompt, n_drafters, max_new_tokens, mag_tail:
     assert gen.forwards["mag"]["forward_passes"] <= len(gen.inner_steps[names[-1]]) + reviews * mag_tail
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", WITH_COMPILED)
 def test_greedy_cascade_matches_target_greedy(kind, weights):
     stats = Counter()
     max_new = 16
     for seed in range(6):
         prompt = prompt_for(seed)
         expected = autoregressive.generate(
-            HFModel(weights(kind, seed), "target"), prompt, max_new_tokens=max_new
+            HFModel(weights(kind.split("/")[0], seed), "target"), prompt, max_new_tokens=max_new
         )
         for index, (roles, K, lenience, compat) in enumerate(CASCADES):
             convention = ("cumulative", "increment")[(seed + index) % 2]
@@ -266,13 +271,17 @@ def test_review_law_is_the_lenient_rules_output_distribution(draft, lenience):
 TINY_OPTIONS = dict(vocab_size=6, init_std=0.3, hidden_size=16, layers=1, heads=2)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("lenience, trials", [(1.0, 1000), (3.0, 2000)])
-def test_sampling_reproduces_the_target_joint(lenience, trials, tiny_model):
+def test_sampling_reproduces_the_target_joint(lenience, trials, engine, tiny_model):
     """Two neural drafters and Max-Gram; the first three of four tokens follow the target's exact
     joint law, also when the drafters' reviews are lenient (their reported q is then the lenient
     rule's output law, which the strict target review needs)."""
-    target = HFModel(tiny_model("tiny-llama", 1, **TINY_OPTIONS), "target")
-    drafters = [HFModel(tiny_model("tiny-llama", seed, **TINY_OPTIONS), f"d{seed - 1}") for seed in (2, 3)]
+    target = engine_model(tiny_model("tiny-llama", 1, **TINY_OPTIONS), "target", engine)
+    drafters = [
+        engine_model(tiny_model("tiny-llama", seed, **TINY_OPTIONS), f"d{seed - 1}", engine)
+        for seed in (2, 3)
+    ]
     prompt = torch.tensor([2, 4, 2, 4, 5, 2])  # Max-Gram copies "4 5 2 ..." after the final 2
     reference = exact_joint(target.model, prompt, 3, softmax_at(1.0))
     gen = torch.Generator().manual_seed(2024)

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import model_roles
+from conftest import ENGINES, engine_model, model_roles
 from test_acceptance import TINY_OPTIONS, assert_matches
 from test_deferral import expected_position
 from typer.testing import CliRunner
@@ -54,8 +54,13 @@ def prompt_for(seed: int) -> torch.Tensor:
     return torch.randint(2, VOCAB, (2 + seed % 5,), generator=gen)
 
 
-def pair(weights, kind: str, seed: int, role: str = "noisy") -> tuple[HFModel, HFModel]:
-    return HFModel(weights(kind, seed), "large"), HFModel(weights(kind, seed, role), "small")
+def pair(
+    weights, kind: str, seed: int, role: str = "noisy", engine: str = "eager"
+) -> tuple[HFModel, HFModel]:
+    return (
+        engine_model(weights(kind, seed), "large", engine),
+        engine_model(weights(kind, seed, role), "small", engine),
+    )
 
 
 def params_for(rule: str) -> dict:
@@ -79,12 +84,13 @@ def cascade(large, small, prompt, rule, temperature, seed=0, k=3, max_new=MAX_NE
 # -- π = p is speculative decoding ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["tiny-llama", "tiny-t5"])
+@pytest.mark.parametrize("kind", ["tiny-llama", "tiny-t5", "tiny-llama/compiled"])
 @pytest.mark.parametrize("temperature", TEMPERATURES)
 def test_sd_rule_is_speculative_decoding_token_for_token(weights, kind, temperature):
     """Same seed: same tokens, steps and forward counts as specbench.decoding.speculative."""
+    kind, _, engine = kind.partition("/")
     for seed in range(3):
-        large, small = pair(weights, kind, seed)
+        large, small = pair(weights, kind, seed, engine=engine or "eager")
         prompt, sampling = prompt_for(seed), SamplingParams(temperature=temperature)
         for k in (1, 3, 5):
             ours = cascade(large, small, prompt, "sd", temperature, seed=seed, k=k)
@@ -124,14 +130,15 @@ def test_lossy_with_alpha_0_and_beta_1_samples_what_sd_samples(weights, temperat
 # -- greedy: speculative execution of T_δ is the oracle cascade of the same δ ---------------------
 
 
-@pytest.mark.parametrize("kind", ["tiny-llama", "tiny-t5"])
+@pytest.mark.parametrize("kind", ["tiny-llama", "tiny-t5", "tiny-llama/compiled"])
 @pytest.mark.parametrize("rule", MIXTURE_RULES)
 def test_greedy_speculative_cascade_equals_the_oracle_cascade(weights, kind, rule):
     """At T = 0 every step is deterministic and commits, position by position, argmax of
     π_t = T_δ(q̃_t, p̃_t): exactly the token Algorithm 3 picks with the same δ."""
+    kind, _, engine = kind.partition("/")
     deferred = 0
     for seed in range(3):
-        large, small = pair(weights, kind, seed)
+        large, small = pair(weights, kind, seed, engine=engine or "eager")
         prompt = prompt_for(seed)
         oracle = seq.oracle_cascade(
             large, small, prompt, rule=rule, params=params_for(rule), max_new_tokens=MAX_NEW
@@ -195,12 +202,13 @@ def exact_cascade_joint(large, small, prompt, rule, params, sampling) -> np.ndar
     ],
     ids=["token-T1", "opt-T0.5", "lossy-T1"],
 )
-def test_sampled_cascade_follows_its_exact_law(tiny_model, rule, params, temperature):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_sampled_cascade_follows_its_exact_law(tiny_model, rule, params, temperature, engine):
     """Two tokens with k = 1: the first step commits a draft + bonus (from π_{t+1}) or a residual
     draw, the second (budget 0) draws from π directly; the pairs follow the exact joint law."""
     large_w = tiny_model("tiny-llama", 0, **TINY_OPTIONS)
     small_w = tiny_model("tiny-llama", 1, **TINY_OPTIONS)
-    large, small = HFModel(large_w, "large"), HFModel(small_w, "small")
+    large, small = engine_model(large_w, "large", engine, (1,)), engine_model(small_w, "small", engine, (1,))
     prompt, sampling = torch.tensor([2, 3, 4]), SamplingParams(temperature=temperature)
     joint = exact_cascade_joint(large_w, small_w, prompt, rule, params, sampling)
     gen = torch.Generator().manual_seed(2024)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ENGINES, engine_model
 from rich.progress import Progress
 from scipy.stats import chisquare
 
@@ -293,12 +294,13 @@ def test_an_eos_candidate_ends_the_round(tiny_model):
 # -- losslessness ------------------------------------------------------------------------------
 
 
-def test_greedy_specdecpp_matches_autoregressive_token_for_token(tiny_model):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_greedy_specdecpp_matches_autoregressive_token_for_token(engine, tiny_model):
     lengths = Counter()
     for seed in range(4):
         weights = tiny_model("tiny-llama", seed, vocab_size=VOCAB)
-        target = HFModel(weights, "target")
-        draft_model = HFModel(noisy(weights, seed), "drafter")
+        target = engine_model(weights, "target", engine)
+        draft_model = engine_model(noisy(weights, seed), "drafter", engine)
         for threshold, (low, high), depth in itertools.product((0.1, 0.5, 0.9), ((1, 6), (2, 20)), (0, 3)):
             prompt = prompt_for(seed)
             expected = autoregressive.generate(target, prompt, max_new_tokens=20).tokens
@@ -319,11 +321,12 @@ def test_greedy_specdecpp_matches_autoregressive_token_for_token(tiny_model):
     assert len(lengths) >= 5  # the rounds really had adaptive lengths
 
 
-def test_sampled_specdecpp_preserves_the_target_distribution(tiny_model):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_sampled_specdecpp_preserves_the_target_distribution(engine, tiny_model):
     vocab, runs, new = 4, 2000, 3
     weights = tiny_model("tiny-llama", 7, vocab_size=vocab, init_std=0.3)
-    target = HFModel(weights, "target")
-    drafter_model = HFModel(noisy(weights, 7, scale=0.6), "drafter")
+    target = engine_model(weights, "target", engine, (3,))
+    drafter_model = engine_model(noisy(weights, 7, scale=0.6), "drafter", engine, (3,))
     drafter = SpecDecPPDrafter(drafter_model, random_head(7, 1), threshold=0.4, min_length=1)
     sampling = SamplingParams(temperature=1.0)
     prompt = prompt_for(5, vocab)

@@ -14,6 +14,7 @@ from collections import Counter
 
 import pytest
 import torch
+from conftest import engine_model
 
 from specbench.decoding import autoregressive, speculative
 from specbench.decoding.acceptance import exact_rule
@@ -24,7 +25,7 @@ from specbench.models.hf import HFModel
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 VOCAB = 16
-KINDS = ("tiny-llama", "tiny-t5")
+KINDS = ("tiny-llama", "tiny-t5", "tiny-llama/compiled")  # kind[/engine]: the compiled engine too
 SEEDS = range(10)
 KS = range(1, 9)
 MAX_NEW = 14
@@ -39,6 +40,7 @@ class Models:
         self.noisy = {}
 
     def weights(self, kind: str, seed: int, noisy: bool = False) -> torch.nn.Module:
+        kind = kind.split("/")[0]
         model = self.build(kind, seed, vocab_size=VOCAB)
         if noisy:
             if (kind, seed) in self.noisy:
@@ -53,15 +55,15 @@ class Models:
         return model
 
     def target(self, kind: str, seed: int) -> HFModel:
-        return HFModel(self.weights(kind, seed), "target")
+        return engine_model(self.weights(kind, seed), "target", engine(kind))
 
     def drafter(self, name: str, kind: str, seed: int):
         if name == "self":  # a second wrapper (own KV cache) around the very same weights
-            return ModelDrafter(HFModel(self.weights(kind, seed), "drafter"))
+            return ModelDrafter(engine_model(self.weights(kind, seed), "drafter", engine(kind)))
         if name == "noisy-copy":
-            return ModelDrafter(HFModel(self.weights(kind, seed, noisy=True), "drafter"))
+            return ModelDrafter(engine_model(self.weights(kind, seed, noisy=True), "drafter", engine(kind)))
         if name == "other-seed":
-            return ModelDrafter(HFModel(self.weights(kind, 100 + seed), "drafter"))
+            return ModelDrafter(engine_model(self.weights(kind, 100 + seed), "drafter", engine(kind)))
         if name == "maxgram":
             return MaxGramDrafter("drafter")
         if name == "maxgram-2":
@@ -82,6 +84,10 @@ def prompt_for(seed: int, repetitive: bool = False) -> torch.Tensor:
         pattern = torch.randint(2, VOCAB, (2 + seed % 3,), generator=gen)
         return pattern.repeat(10)[:length]
     return torch.randint(2, VOCAB, (length,), generator=gen)
+
+
+def engine(kind: str) -> str:
+    return kind.split("/")[1] if "/" in kind else "eager"
 
 
 def prefix_length(kind: str, prompt: torch.Tensor) -> int:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specbench.decoding.sampling import sample
+from specbench.decoding.sampling import greedy_token, sample
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def greedy_accept(
     drafts: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor, generator=None, *, lenience: float = 1.0
 ) -> Verdict:
     """Greedy verification: keep drafts while they equal the argmax of p (lenient: or q(x) <= l p(x))."""
-    best = p.argmax(dim=-1)  # [k+1]
+    best = greedy_token(p)  # [k+1]
     k = drafts.shape[0]
     agree = drafts == best[:k]
     if lenience != 1.0 and k:

@@ -318,6 +318,17 @@ def _run(params: dict, target: LanguageModel, drafters: list, r: Request) -> Gen
     )
 
 
+def _draft_lengths(params: dict) -> tuple[int, ...]:
+    """Each level's budget (its row of K, in the paper's cumulative convention) plus Max-Gram's tail:
+    the longest draft a review usually holds (an overshooting Max-Gram call may exceed it)."""
+    rows = params["K"] or []
+    if params["k_convention"] == "increment":
+        budgets = [sum(row) for row in rows]
+    else:
+        budgets = [max(row, default=0) for row in rows]
+    return tuple(sorted({b + params["mag_tail"] for b in budgets if b + params["mag_tail"] > 0}))
+
+
 METHODS = (
     Method(
         "cs_drafting",
@@ -359,6 +370,7 @@ METHODS = (
         check=_check_K,
         # the lenience loosens only the drafters' reviews; the target's stays strict
         lossless=always,
+        draft_lengths=_draft_lengths,
         # 2: Max-Gram drafts within its column's budget K[r][n-1] + mag_tail (before: always mag_tail more)
         revision=2,
     ),

@@ -43,8 +43,15 @@ class SamplingParams:
     ) -> torch.Tensor:
         """One token (0-d long tensor) from a single row: argmax when greedy, else a sample."""
         if self.greedy:
-            return logits.argmax(-1)
+            return greedy_token(logits)
         return sample(probs, generator)
+
+
+def greedy_token(logits: torch.Tensor) -> torch.Tensor:
+    """The argmax over the last dimension (the first of tied maxima, as ``argmax``). ``max`` gives
+    the same index but is vectorized where ATen's CPU ``argmax`` is not for bfloat16: 40 µs against
+    180 µs on a 49k-token row, which made ~5% of a compiled SD step on CPU."""
+    return logits.max(-1).indices
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -238,6 +238,7 @@ METHODS = (
         neural_drafter_only=True,
         check=_check_specdecpp,
         lossless=always,
+        draft_lengths=lambda params: (params["max_length"],),
     ),
     Method(
         "oracle_sd",

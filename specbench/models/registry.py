@@ -70,6 +70,7 @@ class ModelRequest:
     device: str = "auto"
     revision: str | None = None
     options: tuple = ()  # sorted (key, value) pairs
+    engine: str = "eager"  # or "compiled" (specbench.models.compiled)
 
     @property
     def opts(self) -> dict:
@@ -172,10 +173,31 @@ def load(request: ModelRequest, resolve=None):
             "use a smaller model or dtype, or a device with more memory",
         ) from None
     placed = any(name in opts for name in ("device_map", "quantization"))  # accelerate placed it
-    wrapped = HFModel(model if placed else model.to(device), request.name, tokenizer)
+    wrapped = _engine(request, model if placed else model.to(device), tokenizer)
     wrapped.origin = origin
     wrapped.dtype_reason = dtype_reason
     return wrapped
+
+
+def _engine(request: ModelRequest, model, tokenizer) -> HFModel:
+    """The loaded module behind the interface of the request's engine."""
+    if request.engine == "eager":
+        return HFModel(model, request.name, tokenizer)
+    from specbench.models.compiled import CompiledHFModel
+
+    if model.config.is_encoder_decoder:
+        raise SpecbenchError(
+            f"models.{request.name}.engine",
+            "the compiled engine serves decoder-only models (this one is an encoder-decoder)",
+            "use engine: eager for this model",
+        )
+    if getattr(model, "hf_device_map", None) and len(set(model.hf_device_map.values())) > 1:
+        raise SpecbenchError(
+            f"models.{request.name}.engine",
+            "the compiled engine runs a model on one device (this one is split by device_map)",
+            "use engine: eager for a split model, or place it on one device",
+        )
+    return CompiledHFModel(model, request.name, tokenizer)
 
 
 @contextlib.contextmanager
@@ -336,7 +358,7 @@ def _load_early_exit(request: ModelRequest, resolve) -> HFModel:
     if exit_head is not None:
         weight = base.model.get_input_embeddings().weight
         head = load_exit_head(exit_head, base.model.config.hidden_size, weight)
-    draft = HFModel(early_exit_model(base.model, layers, head), request.name, base.tokenizer)
+    draft = _engine(request, early_exit_model(base.model, layers, head), base.tokenizer)
     draft.origin = f"early exit after layer {layers} of {of}" + (f" + exit head {exit_head}" if head else "")
     return draft
 

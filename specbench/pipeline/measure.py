@@ -37,6 +37,7 @@ from specbench.decoding.sampling import SamplingParams
 from specbench.errors import SpecbenchError
 from specbench.methods import METHODS, Request
 from specbench.models import registry
+from specbench.models.compiled import CompiledHFModel
 from specbench.models.hf import HFModel
 from specbench.models.replay import ReplayError, ReplayTarget
 from specbench.pipeline.costs import cell_costs
@@ -59,7 +60,9 @@ def _model_request(recipe: Recipe, name: str) -> registry.ModelRequest:
     if isinstance(bigram, str) and not bigram.startswith(("/", "~", "$", registry.DISTILLED_PREFIX)):
         options["bigram"] = str(recipe.path.parent / bigram)  # a recipe's paths start at its folder
     options = tuple(sorted(options.items()))
-    return registry.ModelRequest(name, spec.source, spec.dtype, spec.device, spec.revision, options)
+    return registry.ModelRequest(
+        name, spec.source, spec.dtype, spec.device, spec.revision, options, recipe.engine_of(name)
+    )
 
 
 def drafter_names(cell: Cell) -> tuple[str, ...]:
@@ -74,6 +77,14 @@ class CellModels:
     target: HFModel
     drafter: object
 
+    def compiled(self) -> list[CompiledHFModel]:
+        """The models that run on the compiled engine."""
+        drafters = self.drafter if isinstance(self.drafter, list) else [self.drafter]
+        return [m for m in (self.target, *drafters) if isinstance(m, CompiledHFModel)]
+
+    def compile_seconds(self) -> float:
+        return sum(m.compile_seconds for m in self.compiled())
+
 
 class Measurer:
     """A recipe and the models it loaded so far; turns (dataset, cell, example) into a row."""
@@ -85,6 +96,7 @@ class Measurer:
         self.repeats = recipe.repeats
         self.gpu_samples: list[dict] = []  # nvidia-smi at each cell's first and last row
         self.references: dict[str, dict] = {}  # rows by key that recorded() answers from
+        self.compile_pending: dict[str, float] = {}  # compile seconds not yet in a row, by cell id
 
     def recorded(self, key: str) -> dict | None:
         """The recorded row of ``key``, if any (AR rows: what replay and the lossless check read)."""
@@ -170,10 +182,25 @@ class Measurer:
             drafter = [self.model(name) for name in cell.drafters]
         else:
             drafter = self.model(cell.drafter) if cell.drafter else None
+        models = CellModels(target, drafter)
         self.sample_gpu(dataset, cell, "start")
+        self._prepare_engines(dataset, cell, models)
         for example in dataset.examples[: self.recipe.warmup]:
             self._generate(dataset, cell, target, drafter, example, check=False)
-        return CellModels(target, drafter)
+        return models
+
+    def _prepare_engines(self, dataset: DatasetRun, cell: Cell, models: CellModels) -> None:
+        """Compile every pass shape the cell's compiled models will run, before any timed example; the
+        seconds go to the cell's next row as ``compile_s``, never into a walltime."""
+        compiled = models.compiled()
+        if not compiled:
+            return
+        prompts = max(self._request(models.target, dataset, e).prompt_ids.shape[0] for e in dataset.examples)
+        longest = prompts + (dataset.max_new_tokens or self.recipe.generation.max_new_tokens)
+        lengths = METHODS[cell.method].draft_lengths(cell.params)
+        with self.console.status(f"compiling {', '.join(m.name for m in compiled)} for {cell.id}"):
+            seconds = sum(model.prepare(longest, lengths) for model in compiled)
+        self.compile_pending[cell.id] = self.compile_pending.get(cell.id, 0.0) + seconds
 
     def measure(self, dataset: DatasetRun, cell: Cell, example: Example, models: CellModels) -> dict:
         """The row of one example of a started cell."""
@@ -185,6 +212,8 @@ class Measurer:
             row["walltime_repeats"] = [g.walltime for g in repeats]
             row["ttft_repeats"] = [g.ttft for g in repeats]
         row["peak_memory_mb"] = peak
+        if models.compiled():
+            row["compile_s"] = self.compile_pending.pop(cell.id, 0.0)
         return row
 
     def _measure(self, dataset: DatasetRun, cell: Cell, state, example: Example, check: bool):
@@ -192,7 +221,16 @@ class Measurer:
         counts; the row's times are the repeats' means (each repeat is kept). (request, generation,
         replay, the repeats or [] when measured once)."""
         reset_peak_memory(state.target.device)
+        compiled = state.compile_seconds()
         request, first, replay = self._generate(dataset, cell, state.target, state.drafter, example, check)
+        while state.compile_seconds() > compiled:  # a shape met for the first time compiled in there
+            self.compile_pending[cell.id] = (
+                self.compile_pending.get(cell.id, 0.0) + state.compile_seconds() - compiled
+            )
+            compiled = state.compile_seconds()
+            request, first, replay = self._generate(
+                dataset, cell, state.target, state.drafter, example, check
+            )
         if self.repeats == 1 or cell.replay:
             return request, first, replay, []
         repeats = [first]

@@ -145,7 +145,47 @@ def render(results: Path, fmt: str = "table", console: Console | None = None) ->
         "parameter count; PW: prior-work table. speedup: tokens/s over the AR cell of the same run."
         + _bootstrap_note(cells)
     )
-    return emit(frame, list(_by_dataset(frame)), fmt, note, console)
+    return emit(frame, list(_by_dataset(frame)), fmt, note, console, captions(cells))
+
+
+def captions(cells: pd.DataFrame) -> dict[str, str]:
+    """One line under each table that says why speculative decoding gained or lost there: it saves
+    target passes only where steps commit more than one token, and each step costs a verification pass
+    over k + 1 tokens plus the drafting. Read from the fastest and slowest drafting cells (by speedup
+    over AR) and their tokens per target pass; tables without both stay uncaptioned."""
+    if "speedup_vs_ar" not in cells.columns:
+        return {}
+    out = {}
+    for (run, dataset), group in cells.groupby(["run", "dataset"], sort=False):
+        drafting = group[(group["acceptance_length"] > 1) | (group["draft_acceptance_rate"].notna())]
+        drafting = drafting[drafting["speedup_vs_ar"].notna() & (drafting["method"] != "autoregressive")]
+        if drafting.empty:
+            continue
+        best = drafting.loc[drafting["speedup_vs_ar"].idxmax()].to_dict()
+        worst = drafting.loc[drafting["speedup_vs_ar"].idxmin()].to_dict()
+        text = f"why: {_gain(best)}"
+        if worst["cell"] != best["cell"]:
+            text += f"; {_gain(worst)}"
+        out[f"{run} · {dataset}"] = (
+            text + " (a step costs one target pass over k + 1 tokens plus drafting: it pays only where "
+            "drafts are accepted)"
+        )
+    return out
+
+
+def _gain(record: dict) -> str:
+    speedup = record["speedup_vs_ar"]
+    low, high = record.get("speedup_vs_ar_low", math.nan), record.get("speedup_vs_ar_high", math.nan)
+    if not (math.isnan(low) or math.isnan(high)) and (low > 1 or high < 1):
+        verdict = "faster than AR" if low > 1 else "slower than AR"
+    elif math.isnan(low) or math.isnan(high):
+        verdict = "faster than AR" if speedup > 1 else "slower than AR"
+    else:
+        verdict = "no different from AR beyond noise"
+    return (
+        f"{record['cell']} commits {record['acceptance_length']:.2f} tokens per target pass and runs "
+        f"{speedup:.2f}x, {verdict}"
+    )
 
 
 def check_format_name(fmt: str) -> None:
@@ -162,14 +202,19 @@ def emit(
     fmt: str,
     note: str = "",
     console: Console | None = None,
+    captions: dict[str, str] | None = None,
 ) -> str | None:
     """``flat`` as CSV, or the titled ``tables`` as Markdown sections, LaTeX tabulars or Rich tables
-    (printed, with ``note`` below them; None is returned)."""
+    (printed, each with its line of ``captions`` and ``note`` below them all; None is returned)."""
+    captions = captions or {}
     check_format_name(fmt)
     if fmt == "csv":
         return flat.to_csv(index=False)
     if fmt == "markdown":
-        return "\n\n".join(f"### {name}\n\n{_markdown(group)}" for name, group in tables)
+        return "\n\n".join(
+            f"### {name}\n\n{_markdown(group)}" + (f"\n\n*{captions[name]}*" if name in captions else "")
+            for name, group in tables
+        )
     if fmt == "latex":
         return "\n\n".join(_latex(name, group) for name, group in tables)
     if console is None:
@@ -183,6 +228,8 @@ def emit(
         for record in group.itertuples(index=False):
             table.add_row(*(str(v) for v in record))
         console.print(table)
+        if name in captions:
+            console.print(captions[name], markup=False)
     if note:
         console.print(note, style="dim", markup=False)  # "[low, high]" is text, not a Rich style tag
     return None

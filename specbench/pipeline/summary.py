@@ -148,6 +148,9 @@ def _timing(rows: list[dict]) -> dict:
     out.update({f"tpot_{k}_s": per_token[k] for k in ("mean", "p50", "p90", "p99")})
     out.update(_repeats(rows, tokens))
     out["peak_memory_mb"] = max((r.get("peak_memory_mb", math.nan) for r in rows), default=math.nan)
+    compiled = [r["compile_s"] for r in rows if "compile_s" in r]
+    if compiled:  # cells on the compiled engine: the seconds compiling took, never in a walltime
+        out["compile_s"] = sum(compiled)
     return out
 
 

@@ -12,6 +12,7 @@ from specbench.tasks.humaneval import HUMANEVAL
 from specbench.tasks.mbpp import MBPP
 from specbench.tasks.mmlu import MMLU
 from specbench.tasks.natural_questions import NATURAL_QUESTIONS
+from specbench.tasks.passages import PASSAGES
 from specbench.tasks.spec_bench import SPEC_BENCH
 from specbench.tasks.squad_v2 import SQUAD_V2
 from specbench.tasks.trivia_qa import TRIVIA_QA
@@ -19,7 +20,7 @@ from specbench.tasks.web_questions import WEB_QUESTIONS
 from specbench.tasks.wmt14_en_de import WMT14_EN_DE, WMT14_EN_DE_FEWSHOT
 from specbench.tasks.xsum import XSUM
 
-TASKS: dict[str, Task] = {task.name: task for task in (ALPACA, ARITHMETIC, GSM8K, MMLU, SPEC_BENCH)}
+TASKS: dict[str, Task] = {task.name: task for task in (ALPACA, ARITHMETIC, GSM8K, MMLU, PASSAGES, SPEC_BENCH)}
 # the quality tasks of the speculative cascades and SpecDec++ papers; *_fewshot: the prompts for
 # decoder-only models (the paper's Gemma cascades use few-shot prompts)
 QUALITY_TASKS = (

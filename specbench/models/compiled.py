@@ -1,0 +1,217 @@
+"""The compiled engine: the same :class:`~specbench.models.hf.HFModel` interface over a static KV
+cache and ``torch.compile`` d forward passes of a few fixed shapes.
+
+* **Static cache, rollback by pointer.** transformers' ``StaticCache`` preallocates each layer's keys
+  and values for ``capacity`` positions and writes a pass's new entries at its position pointer (a
+  0-d tensor per layer, ``cumulative_length``); its ``crop`` only moves that pointer back. Entries
+  past the pointer stay in memory but are never attended to: the causal mask is built from the
+  positions of the tokens fed, so a stale entry lies "in the future" of every query until a later pass
+  overwrites it. Rolling back costs no copy, which is the gpt-fast pattern the library already
+  implements — so we use it rather than a cache of our own (measured in ``results/bench/``).
+* **Fixed shapes.** A pass that feeds ``m`` tokens runs the graph of the smallest *bucket*
+  ``b >= m`` (1, and k + 1 for each draft length of the cell): the ``b - m`` padding tokens are
+  written past the real ones and then cropped off, like any stale entry, and their logits dropped.
+  Passes longer than the largest bucket (the prompt's prefill) run eagerly on the same cache.
+* **Compilation outside the clock.** :meth:`CompiledHFModel.prepare` compiles every bucket before a
+  cell's first timed example, and the time it took is ``compile_seconds``. A pass that meets a shape
+  not compiled yet (a longer prompt that outgrows the cache) compiles it on the spot and adds the time
+  to ``compile_seconds`` too; the runner then measures that example again (measure.py).
+
+On CPU the graphs are compiled by inductor with weight freezing (weights become constants in
+oneDNN's packed layout) and its C++ GEMM templates autotuned per shape; on CUDA with
+``mode="reduce-overhead"`` (CUDA graphs). The numbers behind these choices are in the README's
+"Engines" section.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import StaticCache
+
+from specbench.models.hf import HFModel
+
+ENGINES = ("eager", "compiled")
+
+# inductor on CPU: freezing turns weights into constants that oneDNN prepacks; the autotuned C++
+# GEMM template beats ATen's bf16 GEMV at batch 1 (SmolLM2-135M, this 2-core CPU: 38.7 ms per
+# step eager on a static cache, 24.0 ms with freezing, 17.1 ms with freezing + autotune)
+CPU_OPTIONS = {
+    "freezing": True,
+    "max_autotune": True,
+    "max_autotune_gemm_backends": "CPP,ATEN",
+    "autotune_num_choices_displayed": 0,  # autotuning prints its tables otherwise
+    "max_autotune_report_choices_stats": False,
+}
+# quick compilation for tests: same graphs and caches, ATen kernels, no autotuning
+QUICK_OPTIONS = {"freezing": False, "max_autotune": False}
+CAPACITY_STEP = 256
+
+
+class CompiledHFModel(HFModel):
+    """An :class:`HFModel` whose decode and verify passes run compiled graphs over a static cache.
+
+    ``quick=True`` compiles without freezing and autotuning (the code path is the same; tests use it);
+    ``backend`` is torch.compile's (tests of the decoding loops use ``aot_eager``: the same dynamo
+    graphs and functionalized cache writes, run by ATen instead of generated kernels).
+    """
+
+    def __init__(self, model, name: str, tokenizer=None, *, quick: bool = False, backend: str = "inductor"):
+        super().__init__(model, name, tokenizer)
+        # one graph per (model, bucket, cache size): models of one class share dynamo's limit
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
+        torch._dynamo.config.accumulated_recompile_limit = max(
+            torch._dynamo.config.accumulated_recompile_limit, 4096
+        )
+        if self.is_encoder_decoder:
+            raise ValueError(f"{name}: the compiled engine serves decoder-only models")
+        if self.device.type == "cuda":
+            self._step = torch.compile(self.model.forward, mode="reduce-overhead", dynamic=False)
+            self._options = {}
+        else:
+            self._step = torch.compile(self.model.forward, dynamic=False, backend=backend)
+            # inductor reads these when it compiles (in _compile); torch.compile's options= drops freezing
+            self._options = QUICK_OPTIONS if quick else CPU_OPTIONS
+        self.buckets: tuple[int, ...] = (1,)
+        self.capacity = 0
+        self.compile_seconds = 0.0
+        self._compiled: set[tuple] = set()  # (bucket, capacity, keep_hidden) already compiled
+        self._held = 0  # where the cache's pointer stands (kept here so reading it costs no sync)
+        self._inputs: dict[int, torch.Tensor] = {}
+
+    # -- set-up -------------------------------------------------------------------------------
+
+    def prepare(self, longest: int, draft_lengths=()) -> float:
+        """Size the cache for sequences of up to ``longest`` positions (prompt + generation + k + 1)
+        and compile the passes of 1 and k + 1 tokens for each k; returns the seconds compiling took."""
+        buckets = sorted({1, *(k + 1 for k in draft_lengths if k > 0), *self.buckets})
+        before = self.compile_seconds
+        self._reserve(longest, buckets)
+        with torch.inference_mode():
+            for bucket in self.buckets:
+                self._compile(bucket)
+        return self.compile_seconds - before
+
+    def _reserve(self, longest: int, buckets) -> None:
+        self.buckets = tuple(buckets)
+        self._inputs = {
+            b: self._inputs.get(b, torch.zeros((1, b), dtype=torch.long, device=self.device))
+            for b in self.buckets
+        }
+        needed = -(-(longest + max(buckets)) // CAPACITY_STEP) * CAPACITY_STEP
+        if needed <= self.capacity:
+            return
+        self.capacity = needed
+        self._cache = self._new_cache(self.capacity)
+        self._held = self._cached = 0
+        # allocate the cache outside any graph (its pointers move to the device there), then guard its
+        # tensors: transformers marks them static but unguarded, and dynamo then reused a graph traced
+        # with one cache for another, whose writes went to the first cache's tensors
+        self._eager(torch.zeros(1, dtype=torch.long, device=self.device), 1)
+        self._pointers = [layer.cumulative_length for layer in self._cache.layers]
+        self._point(0)
+        for layer in self._cache.layers:
+            for tensor in (layer.keys, layer.values, layer.cumulative_length):
+                torch._dynamo.mark_static_address(tensor, guard=True)
+
+    def _new_cache(self, capacity: int) -> StaticCache:
+        return StaticCache(config=self.model.config.get_text_config(decoder=True), max_cache_len=capacity)
+
+    def _compile(self, bucket: int) -> None:
+        """Run (and so compile) the graph of ``bucket`` tokens on scratch positions, if not done yet."""
+        key = (bucket, self.capacity, self.keep_hidden)
+        if key in self._compiled:
+            return
+        self._point(0)
+        started = time.perf_counter()
+        with self.counter.kept(), torch._inductor.config.patch(self._options):
+            for _ in range(2):  # reduce-overhead records its CUDA graph on the second call
+                self._run(self._inputs[bucket], bucket)
+                self._point(0)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        self.compile_seconds += time.perf_counter() - started
+        self._compiled.add(key)
+        self._cached = 0  # the scratch passes overwrote the cache: the next pass recomputes the prefix
+
+    # -- the LanguageModel interface ------------------------------------------------------------
+
+    @torch.inference_mode()
+    def start(self, prompt_ids: torch.Tensor) -> None:
+        prompt_ids = prompt_ids.to(self.device)
+        if prompt_ids.ndim != 1 or prompt_ids.shape[0] == 0:
+            raise ValueError(f"{self.name}: the prompt must be a non-empty 1-D tensor of token ids")
+        self._prefix = prompt_ids
+        if self.capacity == 0:
+            self._reserve(prompt_ids.shape[0] + CAPACITY_STEP, self.buckets)
+        self._cached = 0
+
+    @torch.inference_mode()
+    def score(self, tokens: torch.Tensor, n_candidates: int) -> torch.Tensor:
+        tokens = tokens.to(self.device)
+        prefix_len = self._prefix.shape[0]
+        total = prefix_len + tokens.shape[0]
+        if total + self.buckets[-1] > self.capacity:  # a longer request than prepare() was told of
+            self._reserve(total, self.buckets)
+        keep = min(self._cached, total - n_candidates - 1)
+        if keep >= prefix_len:
+            new = tokens[keep - prefix_len :]
+        else:
+            new = torch.cat([self._prefix[keep:], tokens])
+        fed = new.shape[0]
+        bucket = next((b for b in self.buckets if b >= fed), None)
+        if bucket is not None and (bucket, self.capacity, self.keep_hidden) not in self._compiled:
+            self._compile(bucket)  # outside the counter's time; the cache must be refilled after it
+            return self.score(tokens, n_candidates)
+        self._point(keep)
+        started = self.counter.begin(self.device)
+        if bucket is None:
+            logits = self._eager(new, n_candidates + 1)
+        else:
+            padded = self._inputs[bucket]
+            padded[0, :fed] = new
+            padded[0, fed:] = new[-1]
+            output = self._run(padded, bucket)
+            logits = output.logits[0, fed - n_candidates - 1 : fed]
+            if self.keep_hidden:
+                self.last_hidden = output.hidden_states[-1][0, fed - 1]
+            if self.device.type == "cuda":  # a CUDA graph's next replay overwrites its outputs
+                logits = logits.clone()
+                self.last_hidden = None if self.last_hidden is None else self.last_hidden.clone()
+            self._point(keep + fed)  # the padding's entries become stale
+        self.counter.end(started, fed, self.device)
+        self._cached = total
+        return logits
+
+    # -- passes -------------------------------------------------------------------------------
+
+    def _run(self, ids: torch.Tensor, bucket: int):
+        output = self._step(
+            input_ids=ids,
+            **{self._cache_argument: self._cache},
+            use_cache=True,
+            logits_to_keep=bucket,
+            output_hidden_states=self.keep_hidden,
+        )
+        self._held += bucket
+        return output
+
+    def _eager(self, new: torch.Tensor, keep_logits: int) -> torch.Tensor:
+        output = self.model(
+            input_ids=new[None],
+            **{self._cache_argument: self._cache},
+            use_cache=True,
+            logits_to_keep=keep_logits,
+            output_hidden_states=self.keep_hidden,
+        )
+        self._held += new.shape[0]
+        if self.keep_hidden:
+            self.last_hidden = output.hidden_states[-1][0, -1]
+        return output.logits[0, -keep_logits:]
+
+    def _point(self, position: int) -> None:
+        """Move the cache's pointer to ``position``: everything from there on is stale."""
+        if self._held != position:  # StaticCache.crop, in one call over the layers instead of one each
+            torch._foreach_add_(self._pointers, position - self._held)
+            self._held = position
