@@ -386,6 +386,8 @@ def bench(
     from specbench.pipeline.bench import parse_engines, print_bench, run_bench
 
     console = Console()
+    if not console.is_terminal:  # piped into a file: do not squeeze the table into 80 columns
+        console = Console(width=160)
     options = {
         name: _json_option(f"--{name}", value)
         for name, value in (("target-options", target_options), ("drafter-options", drafter_options))

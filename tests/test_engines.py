@@ -197,3 +197,5 @@ def test_a_compiled_recipe_reports_compile_time_apart_from_walltime(tmp_path):
     assert all(row.get("divergence_class") == "identical" for row in rows if row["method"] == "speculative")
     cells = pd.read_csv(out / "cells.csv")
     assert "compile_s" in cells.columns and (cells["compile_s"] >= 0).all()
+    environment = json.loads((out / "environment.json").read_text())
+    assert {m["engine"] for m in environment["models"].values()} == {"compiled"}

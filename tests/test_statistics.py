@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,8 +25,6 @@ from specbench.pipeline.statistics import (
     spread,
 )
 from specbench.pipeline.summary import summarise
-
-RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 # -- spread -------------------------------------------------------------------------------------
 
@@ -225,15 +222,19 @@ def test_replayed_cells_keep_counts_and_swi_intervals_but_no_timing():
     assert replayed[same].tolist() == sd[same].tolist()
 
 
-def test_report_shows_intervals_and_still_reads_cells_csv_without_them():
+def test_report_shows_intervals_and_still_reads_cells_csv_without_them(tmp_path):
     cells = summarise(toy_rows())
     cells.insert(0, "run", "toy")
     shown = display_frame(cells).set_index("method")
     assert shown.loc["sd", "speedup"] == "2.00x [2.00, 2.00]"
     assert shown.loc["sd", "SWI MS"] == f"1.70 [{4 / 2.4:.2f}, {4 / 2.3:.2f}]"
     assert shown.loc["re", "speedup"] == "" and shown.loc["re", "SWI PW"].startswith("1.07 [1.00, 1.14]")
-    old = render(RESULTS / "quickstart", "csv")  # a committed cells.csv from before the intervals
-    assert "0.90x" in old and "[" not in old
+    legacy = tmp_path / "legacy"  # a cells.csv as written before the intervals
+    legacy.mkdir()
+    before = [c for c in cells.columns if c.endswith(("_low", "_high")) or c.startswith("bootstrap_")]
+    cells.drop(columns=[*before, "run"]).to_csv(legacy / "cells.csv", index=False)
+    old = render(legacy, "csv")
+    assert "2.00x" in old and "[" not in old
 
 
 def test_plot_table_has_the_conditional_rate(tmp_path):

@@ -166,7 +166,12 @@ class ModelDrafter:
             # on another device than the caller's (a drafter on its own GPU), one row comes back per
             # token; the cache stays where the drafter is
             logits = self.model.score(context[: generated + i], 0)[-1].to(tokens.device)
+            if sampling.greedy:  # the argmax needs no q: one softmax over all rows after the loop
+                context[generated + i] = sampling.choose(None, logits, generator)
+                rows.append(logits)
+                continue
             q = sampling.probs(logits)
             context[generated + i] = sampling.choose(q, logits, generator)
             rows.append(q)
-        return Draft(context[generated:], torch.stack(rows))
+        q = torch.stack(rows)
+        return Draft(context[generated:], sampling.probs(q) if sampling.greedy else q)

@@ -59,6 +59,7 @@ def write_environment(
                     # accelerate's placement (module -> device) of a model loaded with device_map
                     "device_map": _device_map(m),
                     "dtype_reason": getattr(m, "dtype_reason", None),  # why dtype: auto chose it
+                    "engine": recipe.engine_of(name),
                 }
                 for name, m in models.items()
             },
