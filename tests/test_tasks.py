@@ -47,6 +47,7 @@ def test_registry_names_and_unknown_task_lists_them():
     assert set(TASKS) == {
         "alpaca",
         "arithmetic",
+        "passages",
         "gsm8k",
         "mmlu",
         "spec_bench",
@@ -167,6 +168,21 @@ def test_embedded_arithmetic_set(no_data_dir):
     assert [e.id for e in get_task("arithmetic").load(limit=2)] == ["arith-001", "arith-002"]
     first = examples[0]
     assert get_task("arithmetic").score(first, f"So the answer is {first.reference}.") == {"accuracy": 1.0}
+
+
+def test_embedded_passages_set(no_data_dir):
+    """Each answer copies from its passage (what prompt lookup drafts from), scored by ROUGE-2."""
+    task = get_task("passages")
+    examples = task.load()
+    assert len(examples) == 12 and len({e.id for e in examples}) == 12 and examples[0].id == "passage-001"
+    for e in examples:
+        instruction, passage = e.prompt.split("\n\nPassage: ")
+        assert instruction and passage and e.reference
+        shared = set(e.reference.lower().split()) & set(passage.lower().split())
+        assert len(shared) >= len(set(e.reference.lower().split())) / 2  # mostly words of the passage
+    first = examples[0]
+    assert task.score(first, first.reference) == {"rouge2": 100.0}
+    assert task.score(first, "Something else entirely.") == {"rouge2": 0.0}
 
 
 def test_data_files_overrides_and_missing_fields(tmp_path, no_data_dir):
