@@ -18,9 +18,10 @@ cache and ``torch.compile`` d forward passes of a few fixed shapes.
   to ``compile_seconds`` too; the runner then measures that example again (measure.py).
 
 On CPU the graphs are compiled by inductor with weight freezing (weights become constants in
-oneDNN's packed layout) and its C++ GEMM templates autotuned per shape; on CUDA with
-``mode="reduce-overhead"`` (CUDA graphs). The numbers behind these choices are in the README's
-"Engines" section.
+oneDNN's packed layout), its C++ GEMM templates autotuned per shape and its C++ wrapper; on CUDA with
+``mode="reduce-overhead"`` (CUDA graphs). Each graph is guarded on the addresses of the cache it was
+traced with, so it never runs on another model's cache. The measurements behind these choices are in
+the README's "Engines" section.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ CPU_OPTIONS = {
     "autotune_num_choices_displayed": 0,  # autotuning prints its tables otherwise
     "max_autotune_report_choices_stats": False,
 }
-# quick compilation for tests: same graphs and caches, ATen kernels, no autotuning
+# quick compilation for tests: the same graphs over the same caches, ATen's GEMMs, no autotuning
 QUICK_OPTIONS = {"freezing": False, "max_autotune": False}
 CAPACITY_STEP = 256
 
@@ -54,12 +55,11 @@ CAPACITY_STEP = 256
 class CompiledHFModel(HFModel):
     """An :class:`HFModel` whose decode and verify passes run compiled graphs over a static cache.
 
-    ``quick=True`` compiles without freezing and autotuning (the code path is the same; tests use it);
-    ``backend`` is torch.compile's (tests of the decoding loops use ``aot_eager``: the same dynamo
-    graphs and functionalized cache writes, run by ATen instead of generated kernels).
+    ``quick=True`` compiles without freezing and autotuning: the same code path and graphs with other
+    kernels, in a fraction of the time (the tests use it).
     """
 
-    def __init__(self, model, name: str, tokenizer=None, *, quick: bool = False, backend: str = "inductor"):
+    def __init__(self, model, name: str, tokenizer=None, *, quick: bool = False):
         super().__init__(model, name, tokenizer)
         # one graph per (model, bucket, cache size): models of one class share dynamo's limit
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
@@ -72,7 +72,7 @@ class CompiledHFModel(HFModel):
             self._step = torch.compile(self.model.forward, mode="reduce-overhead", dynamic=False)
             self._options = {}
         else:
-            self._step = torch.compile(self.model.forward, dynamic=False, backend=backend)
+            self._step = torch.compile(self.model.forward, dynamic=False)
             # inductor reads these when it compiles (in _compile); torch.compile's options= drops freezing
             self._options = QUICK_OPTIONS if quick else CPU_OPTIONS
         self.buckets: tuple[int, ...] = (1,)
