@@ -23,14 +23,15 @@ from rich.console import Console
 from rich.table import Table
 
 from specbench.decoding import autoregressive, hf_generate, speculative
-from specbench.decoding.generation import Generation, Stopwatch
+from specbench.decoding.generation import Generation, Stopwatch, truncate_at_eos
 from specbench.decoding.sampling import SamplingParams
 from specbench.drafters.maxgram import MaxGramDrafter
 from specbench.errors import SpecbenchError
 from specbench.models import registry
 from specbench.models.base import ModelDrafter
 from specbench.models.compiled import ENGINES, CompiledHFModel
-from specbench.pipeline.numerics import classify
+from specbench.pipeline.numerics import divergence_fields
+from specbench.pipeline.rows import divergence
 from specbench.tasks import get_task, render_prompt
 
 
@@ -250,10 +251,8 @@ def _hf_static(target, max_new_tokens: int, eos: list[int], longest: int):
                 **hf_generate._PLAIN,
             )
         walltime, ttft = watch.stop()
-        tokens = output[0, ids.shape[0] :].tolist()
-        if eos and any(t in eos for t in tokens):
-            tokens = tokens[: next(i for i, t in enumerate(tokens) if t in eos) + 1]
-        return Generation(tokens, walltime, ttft, [(0, 0)] * len(tokens), {}, False)
+        tokens, stopped = truncate_at_eos(output[0, ids.shape[0] :].tolist(), frozenset(eos))
+        return Generation(tokens, walltime, ttft, [(0, 0)] * len(tokens), {}, stopped)
 
     return run
 
@@ -261,14 +260,12 @@ def _hf_static(target, max_new_tokens: int, eos: list[int], longest: int):
 def _classes(target, prompts, reference: Tally, ours: Tally) -> list[str]:
     """Per prompt: identical outputs, or at the first divergence a numerical tie or a mismatch
     (:mod:`specbench.pipeline.numerics`, on the eager target)."""
-    out = []
-    for prompt, expected, got in zip(prompts, reference.outputs, ours.outputs, strict=True):
-        i = next((j for j, (a, b) in enumerate(zip(expected, got, strict=False)) if a != b), None)
-        if i is None:
-            out.append("identical" if len(expected) == len(got) else "mismatch")
-        else:
-            out.append(classify(target, prompt, expected, got, i)["divergence_class"])
-    return out
+    return [
+        divergence_fields(target, prompt, expected, got, divergence(expected, got), single_turn=True)[
+            "divergence_class"
+        ]
+        for prompt, expected, got in zip(prompts, reference.outputs, ours.outputs, strict=True)
+    ]
 
 
 def measure_bandwidth(device: torch.device, repeats: int = 5) -> float:
