@@ -452,7 +452,7 @@ def distill(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from specbench.drafters import distill as distillation
+    from specbench.training import distill as distillation
 
     if data_dir is None:
         raise SpecbenchError(
@@ -582,10 +582,10 @@ def bigram_build(
 
     Use the result as a Max-Gram fill: models: {mag: {source: maxgram, options: {bigram: OUT}}}.
     """
+    from specbench import sources
     from specbench.drafters.bigram import BigramTable, corpus_texts
-    from specbench.models import registry
 
-    model = registry.load(registry.ModelRequest("tokenizer", tokenizer, device="cpu"))
+    model = sources.load(sources.ModelRequest("tokenizer", tokenizer, device="cpu"))
     texts = corpus_texts(corpus)
     ids = [model.tokenizer(text, add_special_tokens=False).input_ids for text in texts]
     table = BigramTable.build(ids, len(model.tokenizer))

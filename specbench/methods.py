@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import torch
 
     from specbench.decoding.generation import Generation
-    from specbench.decoding.sampling import SamplingParams
+    from specbench.models.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -43,11 +43,9 @@ from pydantic_core import PydanticCustomError
 
 from specbench.errors import SpecbenchError
 from specbench.methods import METHODS, Method, ParamSpec
-from specbench.pipeline.costs import cost_tables
+from specbench.models.costs import cost_tables
 
 NAME_PATTERN = r"[A-Za-z0-9_.-]+"
-# The same list as specbench.models.registry, which is not imported here because it pulls in torch.
-STATISTICAL_SOURCES = ("prompt-lookup", "maxgram")
 
 
 # -- the schema --------------------------------------------------------------------------------
@@ -121,7 +119,7 @@ class ModelSpec(_Strict):
     # eager Hugging Face passes, or specbench.models.compiled (static cache + compiled fixed shapes);
     # unset: the recipe's engine. Statistical drafters have none.
     engine: Literal["eager", "compiled"] | None = None
-    # passed to the loader; specbench.models.registry.SOURCE_OPTIONS lists what each source takes
+    # passed to the loader; each kind of source in specbench.sources declares the options it takes
     options: dict[str, Any] = Field(default_factory=dict)
     cost: CostSpec | None = None
 
@@ -222,10 +220,9 @@ class Recipe(_Strict):
     def engine_of(self, name: str) -> str:
         """The engine model ``name`` runs on: its own ``engine``, else the recipe's; statistical
         drafters always ``eager`` (they run no passes)."""
-        spec = self.models[name]
-        if spec.source in STATISTICAL_SOURCES:
+        if not _source(self.models[name].source).neural:
             return "eager"
-        return spec.engine or self.engine
+        return self.models[name].engine or self.engine
 
     def cells(self) -> list[Cell]:
         """Methods in recipe order; within one, the cartesian product of its grid in sorted-key order."""
@@ -327,10 +324,9 @@ def _model_payload(recipe: Recipe, name: str) -> dict:
     del payload["engine"]
     if recipe.engine_of(name) != "eager":
         payload["engine"] = recipe.engine_of(name)
-    from specbench.models.options import EARLY_EXIT, STATISTICAL_SOURCES
-
-    if spec.dtype == "auto" and spec.source not in (*STATISTICAL_SOURCES, EARLY_EXIT):
-        from specbench.models.registry import dtype_choice, resolve_device
+    if spec.dtype == "auto" and _source(spec.source).dtype_rule is not None:
+        from specbench.models.devices import resolve_device
+        from specbench.sources import dtype_choice
 
         resolved = dtype_choice("auto", resolve_device(spec.device), spec.source)[0]
         if resolved != "float32":  # float32, the old resolution on CPU, keeps existing fingerprints
@@ -429,9 +425,17 @@ def _yaml_error(path: Path, error: yaml.YAMLError) -> SpecbenchError:
 # -- checks that need the whole recipe ---------------------------------------------------------
 
 
+def _source(source: str):
+    """The kind of source (specbench.sources.Source) that ``source`` names; the registry's modules
+    import torch only when they load, so validating a recipe stays fast."""
+    from specbench.sources import source_of
+
+    return source_of(source)
+
+
 def _check_options(path: Path, name: str, model: ModelSpec) -> None:
     """Every option reaches the model's loader, so one it does not take is an error, never dropped."""
-    from specbench.models.options import NO_REVISION, option_problem, source_kind
+    from specbench.sources import option_problem
 
     problem = option_problem(model.source, model.options)
     if problem:
@@ -443,13 +447,13 @@ def _check_options(path: Path, name: str, model: ModelSpec) -> None:
             f"device: {model.device} and options.device_map both place the model",
             "keep one: device for a whole model on one device, device_map to split it",
         )
-    if model.engine is not None and model.source in STATISTICAL_SOURCES:
+    if model.engine is not None and not _source(model.source).neural:
         raise SpecbenchError(
             f"{path}: models.{name}.engine",
             f"{model.source} is a statistical drafter: it runs no model passes an engine could compile",
             "remove engine from this model",
         )
-    if model.revision is not None and source_kind(model.source) in NO_REVISION:
+    if model.revision is not None and _source(model.source).fixed_weights:
         raise SpecbenchError(
             f"{path}: models.{name}.revision",
             f"source {model.source!r} has no revisions (one fixed set of weights)",
@@ -545,7 +549,7 @@ def replay_problem(recipe: Recipe, spec: MethodSpec, params: dict | None = None)
 
 def _check_roles(recipe: Recipe, spec: MethodSpec, info: Method, where: str) -> None:
     target_source = recipe.models[spec.target].source
-    if target_source in STATISTICAL_SOURCES:
+    if not _source(target_source).neural:
         raise SpecbenchError(
             f"{where}.target",
             f"model {spec.target!r} ({target_source}) is a statistical drafter and cannot be a target",
@@ -570,7 +574,7 @@ def _check_roles(recipe: Recipe, spec: MethodSpec, info: Method, where: str) -> 
         raise SpecbenchError(
             f"{where}.drafter", f"method {spec.method!r} takes no drafter", "remove drafter:"
         )
-    if info.neural_drafter_only and recipe.models[spec.drafter].source in STATISTICAL_SOURCES:
+    if info.neural_drafter_only and not _source(recipe.models[spec.drafter].source).neural:
         raise SpecbenchError(
             f"{where}.drafter",
             f"method {spec.method!r} needs a model drafter, but {spec.drafter!r} is a statistical drafter",
@@ -587,7 +591,7 @@ def _check_cascade_roles(recipe: Recipe, spec: MethodSpec, where: str) -> None:
         )
     if not spec.drafters:
         raise SpecbenchError(f"{where}.drafters", f"method {spec.method!r} needs drafters", shape)
-    statistical = [recipe.models[name].source in STATISTICAL_SOURCES for name in spec.drafters]
+    statistical = [not _source(recipe.models[name].source).neural for name in spec.drafters]
     for i, name in enumerate(spec.drafters):
         at = f"{where}.drafters[{i}]"
         if name == spec.target:

@@ -43,9 +43,9 @@ class PooledCompiledModel(CompiledHFModel):
                 layer.cumulative_length.zero_()
         return entry[0]
 
-    def score(self, tokens, n_candidates):
+    def score(self, tokens, n_candidates, hidden=()):
         assert self._slot[1] is self, f"{self.name}: another test model took over this model's cache"
-        return super().score(tokens, n_candidates)
+        return super().score(tokens, n_candidates, hidden)
 
 
 def engine_model(

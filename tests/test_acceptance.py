@@ -18,8 +18,8 @@ from scipy.stats import binomtest, chisquare
 
 from specbench.decoding import speculative
 from specbench.decoding.acceptance import exact_rule, greedy_accept, lenience_factor, speculative_accept
-from specbench.decoding.sampling import SamplingParams
 from specbench.drafters.maxgram import MaxGramDrafter
+from specbench.models.sampling import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,5 +1,6 @@
-"""The layout stays a map of the architecture: no import circles, every top-level module an interface
-(packages hold the rest), and no module above ~500 lines without its docstring saying why."""
+"""The layout stays a map of the architecture: no import circles, every room imports only rooms below it,
+every top-level module an interface (packages hold the rest), and no module above ~500 lines without its
+docstring saying why."""
 
 from __future__ import annotations
 
@@ -9,7 +10,24 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "specbench"
 # The interfaces at the top; everything else lives in a package named after its role.
 INTERFACES = {"__init__", "cli", "errors", "methods", "recipe"}
-PACKAGES = {"data", "decoding", "drafters", "models", "papers", "pipeline", "tasks"}
+PACKAGES = {"data", "decoding", "drafters", "models", "papers", "pipeline", "sources", "tasks", "training"}
+# The rooms from the bottom up: a module imports from its own layer or the ones below, never above.
+# models: the model interface (a pass, a draft, sampling), its engines, devices, the cache, cost tables;
+# drafters and tasks build on it; sources turn a recipe's source: into a model or drafter; decoding
+# implements the methods the methods registry collects; training makes drafters and heads from sources
+# and tasks; pipeline runs recipes; papers render the papers' tables; cli is the user's entry.
+LAYERS = (
+    {"specbench", "errors"},
+    {"models"},
+    {"drafters", "tasks"},
+    {"sources"},
+    {"methods", "decoding"},
+    {"recipe"},
+    {"training"},
+    {"pipeline"},
+    {"papers"},
+    {"cli"},
+)
 MAX_LINES = 500
 
 
@@ -66,6 +84,30 @@ def test_no_import_circles():
     graph = import_graph()
     assert "specbench.papers.base" in graph and "specbench.recipe" in graph["specbench.pipeline.tune"]
     assert cycles(graph) == []
+
+
+def room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def layer(module: str) -> int:
+    return next(i for i, rooms in enumerate(LAYERS) if room(module) in rooms)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() for t in targets if layer(t) > layer(m))
+
+
+def test_layer_check_sees_an_upward_import():
+    graph = {"specbench.models.hf": {"specbench.sources"}, "specbench.sources": {"specbench.models.hf"}}
+    assert upward_imports(graph) == ["specbench.models.hf -> specbench.sources"]
+
+
+def test_no_room_imports_a_room_above_it():
+    graph = import_graph()
+    assert {room(m) for m in graph} <= set().union(*LAYERS), "a new room needs its place in LAYERS"
+    assert upward_imports(graph) == []
 
 
 def test_generic_code_never_imports_a_paper():

@@ -28,12 +28,12 @@ from specbench.decoding.cascade_drafting import (
     increments_from_cumulative,
     review_law,
 )
-from specbench.decoding.sampling import SamplingParams
 from specbench.drafters.maxgram import MaxGramDrafter
 from specbench.errors import SpecbenchError
 from specbench.methods import METHODS, Request
 from specbench.models.base import Draft, ForwardCounter
 from specbench.models.hf import HFModel
+from specbench.models.sampling import SamplingParams
 from specbench.recipe import parse_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -165,10 +165,10 @@ def test_dataset_max_new_tokens_overrides_the_recipe_length(tiny_run: Path, tmp_
 
 
 def test_unreachable_hub_model_names_recipe_and_field(tmp_path: Path, monkeypatch):
-    from specbench.models import registry
+    from specbench.models import cache
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setattr(registry, "hub_reachable", lambda: False)
+    monkeypatch.setattr(cache, "hub_reachable", lambda: False)
     recipe = tmp_path / "hub.yaml"
     recipe.write_text(
         TINY.read_text().replace(

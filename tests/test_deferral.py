@@ -20,9 +20,9 @@ from test_acceptance import P, Q, assert_matches
 from specbench.decoding import deferral
 from specbench.decoding.acceptance import cascade_accept, speculative_accept
 from specbench.decoding.deferral import RULES, output_law, target, tuned_beta, tv_distance
-from specbench.decoding.sampling import SamplingParams
 from specbench.decoding.spec_cascades import step_target
 from specbench.methods import METHODS
+from specbench.models.sampling import SamplingParams
 
 F64 = torch.float64
 

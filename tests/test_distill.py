@@ -12,14 +12,15 @@ from rich.progress import Progress
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
+from specbench import sources
 from specbench.cli import app
 from specbench.decoding import autoregressive, speculative
-from specbench.drafters import distill, draft_vocab
+from specbench.drafters import draft_vocab
 from specbench.drafters.early_exit import ExitHead, early_exit_model
 from specbench.errors import SpecbenchError
-from specbench.models import registry
 from specbench.models.base import ModelDrafter
 from specbench.models.hf import HFModel
+from specbench.training import distill
 
 
 def test_distill_loss_is_forward_kl_cross_entropy_on_top_k_and_tail():
@@ -93,26 +94,24 @@ def test_early_exit_rejects_impossible_layer_counts_and_non_llama_targets():
 
 
 def test_early_exit_source_resolves_the_named_recipe_model():
-    target = registry.load(
-        registry.ModelRequest("t", "tiny-llama", "float64", "cpu", options=(("layers", 3),))
-    )
-    request = registry.ModelRequest("d", "early-exit", "float64", "cpu", options=(("layers", 2), ("of", "t")))
-    draft = registry.load(request, {"t": target}.__getitem__)
+    target = sources.load(sources.ModelRequest("t", "tiny-llama", "float64", "cpu", options=(("layers", 3),)))
+    request = sources.ModelRequest("d", "early-exit", "float64", "cpu", options=(("layers", 2), ("of", "t")))
+    draft = sources.load(request, {"t": target}.__getitem__)
     assert isinstance(draft, HFModel) and draft.tokenizer is target.tokenizer
     assert "layer 2 of t" in draft.origin
     with pytest.raises(SpecbenchError, match="no model named 'x'"):
-        bad = registry.ModelRequest("d", "early-exit", "float64", "cpu", options=(("layers", 2), ("of", "x")))
-        registry.load(bad, {"t": target}.__getitem__)
+        bad = sources.ModelRequest("d", "early-exit", "float64", "cpu", options=(("layers", 2), ("of", "x")))
+        sources.load(bad, {"t": target}.__getitem__)
     with pytest.raises(SpecbenchError, match="options of"):
-        registry.load(
-            registry.ModelRequest("d", "early-exit", options=(("of", "t"),)), {"t": target}.__getitem__
+        sources.load(
+            sources.ModelRequest("d", "early-exit", options=(("of", "t"),)), {"t": target}.__getitem__
         )
 
 
 def test_missing_distilled_drafter_says_how_to_build_it(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
     with pytest.raises(SpecbenchError, match="make drafts"):
-        registry.load(registry.ModelRequest("d", "distilled:smollm2-135m-instruct/small"))
+        sources.load(sources.ModelRequest("d", "distilled:smollm2-135m-instruct/small"))
 
 
 # -- training end to end on a tiny teacher -----------------------------------------------------------
@@ -165,12 +164,12 @@ def test_distilled_drafters_train_save_and_load_as_sources(tiny_distill):
         assert after["cross_entropy"] < before["cross_entropy"], name
     assert records["base"]["teacher"]["target"] == "tiny-llama" and records["base"]["steps"] > 0
 
-    target = registry.load(registry.ModelRequest("t", "tiny-llama", "float64", "cpu"))
-    small = registry.load(registry.ModelRequest("d", "distilled:tiny-llama/small", "float64", "cpu"))
+    target = sources.load(sources.ModelRequest("t", "tiny-llama", "float64", "cpu"))
+    small = sources.load(sources.ModelRequest("d", "distilled:tiny-llama/small", "float64", "cpu"))
     assert small.tokenizer.get_vocab() == target.tokenizer.get_vocab()
     assert small.model.config.hidden_size == 160 and small.origin.startswith("distilled:")
     # the base student starts as the target's first two layers and trains its tied embedding too
-    base = registry.load(registry.ModelRequest("b", "distilled:tiny-llama/base", "float64", "cpu"))
+    base = sources.load(sources.ModelRequest("b", "distilled:tiny-llama/base", "float64", "cpu"))
     assert base.model.config.num_hidden_layers == 2
     base_embedding, target_embedding = (
         base.model.get_input_embeddings().weight,
@@ -180,14 +179,14 @@ def test_distilled_drafters_train_save_and_load_as_sources(tiny_distill):
         base_embedding, target_embedding
     )
     # an exit head loads onto the target's own layers
-    exit_request = registry.ModelRequest(
+    exit_request = sources.ModelRequest(
         "e",
         "early-exit",
         "float64",
         "cpu",
         options=(("exit_head", str(saved[2])), ("layers", 1), ("of", "t")),
     )
-    exit1 = registry.load(exit_request, {"t": target}.__getitem__)
+    exit1 = sources.load(exit_request, {"t": target}.__getitem__)
     assert "exit head" in exit1.origin
     prompt = target.tokenizer("Tom has 3 apples", return_tensors="pt").input_ids[0]
     reference = autoregressive.generate(target, prompt, max_new_tokens=12).tokens
@@ -271,7 +270,7 @@ def test_distill_loss_moves_teacher_mass_outside_the_draft_vocabulary_to_the_tai
 
 
 def test_draft_vocab_head_scores_its_tokens_like_the_full_head_and_nothing_else():
-    target = registry.load(registry.ModelRequest("t", "tiny-llama", "float64", "cpu"))
+    target = sources.load(sources.ModelRequest("t", "tiny-llama", "float64", "cpu"))
     model = target.model
     hidden = torch.randn(3, model.config.hidden_size, dtype=torch.float64)
     full = model.lm_head(hidden)
@@ -287,17 +286,17 @@ def test_draft_vocab_head_scores_its_tokens_like_the_full_head_and_nothing_else(
 def test_drafter_with_a_draft_vocabulary_saves_loads_and_stays_lossless(tiny_distill):
     (folder,) = tiny_distill("small", epochs=2, batch_tokens=256, draft_vocab=40)
     ids = json.loads((folder / draft_vocab.DRAFT_VOCAB_FILE).read_text())["token_ids"]
-    target = registry.load(registry.ModelRequest("t", "tiny-llama", "float64", "cpu"))
+    target = sources.load(sources.ModelRequest("t", "tiny-llama", "float64", "cpu"))
     assert len(ids) == 40 and set(target.eos_token_ids()) <= set(ids)
     assert json.loads((folder / "distill.json").read_text())["student"]["draft_vocab"] == 40
-    small = registry.load(registry.ModelRequest("d", "distilled:tiny-llama/small", "float64", "cpu"))
+    small = sources.load(sources.ModelRequest("d", "distilled:tiny-llama/small", "float64", "cpu"))
     assert "40 most frequent tokens" in small.origin
     # the restricted head copies rows of the tied embedding: the model's size (MS cost) is unchanged
     plain = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64)
     assert small.num_parameters == sum(p.numel() for p in plain.parameters())
     prompt = target.tokenizer("Tom has 3 apples", return_tensors="pt").input_ids[0]
     small.start(prompt)
-    logits = small.score(torch.empty(0, dtype=torch.long), 0)[-1]
+    logits = small.score(torch.empty(0, dtype=torch.long), 0).logits[-1]
     assert torch.isfinite(logits).sum().item() == 40
     reference = autoregressive.generate(target, prompt, max_new_tokens=12).tokens
     for k in (1, 3):
@@ -308,7 +307,7 @@ def test_drafter_with_a_draft_vocabulary_saves_loads_and_stays_lossless(tiny_dis
 
 
 def test_teacher_forced_top_k_are_the_targets_own_next_token_log_probs(one_thread):
-    target = registry.load(registry.ModelRequest("t", "tiny-llama", "float64", "cpu"))
+    target = sources.load(sources.ModelRequest("t", "tiny-llama", "float64", "cpu"))
     pairs = [
         (torch.tensor([5, 6, 7]), torch.tensor([8, 9])),
         (torch.tensor([1, 2]), torch.tensor([3, 4, 5, 6])),

@@ -16,11 +16,11 @@ import yaml
 from conftest import engine_model
 from typer.testing import CliRunner
 
+from specbench import sources
 from specbench.cli import app
 from specbench.decoding import autoregressive, speculative
 from specbench.errors import SpecbenchError
-from specbench.models import registry
-from specbench.models.base import ModelDrafter
+from specbench.models.base import LAST, ModelDrafter
 from specbench.models.hf import HFModel
 from specbench.recipe import parse_recipe
 
@@ -64,8 +64,8 @@ def test_rollback_by_pointer_and_padding_never_leak_stale_entries(tiny_model):
         n = int(torch.randint(0, 9, (), generator=gen))
         candidates = torch.randint(2, VOCAB, (n,), generator=gen)
         sequence = torch.cat([committed, candidates])
-        expected = eager.score(sequence, n)
-        got = compiled.score(sequence, n)
+        expected = eager.score(sequence, n).logits
+        got = compiled.score(sequence, n).logits
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
         assert torch.equal(got.argmax(-1), expected.argmax(-1))
         accepted = int(torch.randint(0, n + 1, (), generator=gen))
@@ -102,22 +102,23 @@ def test_a_request_longer_than_the_cache_grows_it_and_counts_the_compilation(tin
 def test_the_hidden_state_is_the_last_real_position_not_the_padding(tiny_model):
     weights = tiny_model("tiny-llama", 8)
     eager, compiled = HFModel(weights, "e"), engine_model(weights, "c", "compiled", draft_lengths=(6,))
-    eager.keep_hidden = compiled.keep_hidden = True
     prompt, tokens = random_prompt(8, 5), random_prompt(9, 4)
     for model in (eager, compiled):
         model.start(prompt)
         model.score(tokens[:1], 0)  # the prefill
     for upto, candidates in ((4, 2), (2, 0)):  # 3 tokens padded to 7; then 1 token after a rollback
+        passes = []
         for model in (eager, compiled):
             model.rollback(1)
-            model.score(tokens[:upto], candidates)
-        torch.testing.assert_close(compiled.last_hidden, eager.last_hidden, rtol=1e-4, atol=1e-5)
+            passes.append(model.score(tokens[:upto], candidates, hidden=(LAST, 1)))
+        for layer in (LAST, 1):
+            torch.testing.assert_close(passes[1].hidden[layer], passes[0].hidden[layer], rtol=1e-4, atol=1e-5)
 
 
 def test_encoder_decoders_and_statistical_drafters_have_no_compiled_engine(tmp_path):
-    request = registry.ModelRequest("t", "tiny-t5", "float64", "cpu", engine="compiled")
+    request = sources.ModelRequest("t", "tiny-t5", "float64", "cpu", engine="compiled")
     with pytest.raises(SpecbenchError, match=r"models\.t\.engine.*decoder-only"):
-        registry.load(request)
+        sources.load(request)
     recipe = tmp_path / "r.yaml"
     data = {
         "name": "r",

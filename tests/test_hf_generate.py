@@ -15,10 +15,10 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from specbench.decoding import autoregressive, hf_generate, speculative
-from specbench.decoding.sampling import SamplingParams
 from specbench.drafters.maxgram import MaxGramDrafter
 from specbench.models.base import ModelDrafter
 from specbench.models.hf import HFModel
+from specbench.models.sampling import SamplingParams
 from specbench.models.tiny import build_tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")

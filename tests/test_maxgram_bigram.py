@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from specbench.decoding import autoregressive, speculative
-from specbench.decoding.sampling import SamplingParams
 from specbench.drafters.bigram import BigramDrafter, BigramTable, cs_drafting_maxgram
 from specbench.drafters.maxgram import MaxGramDrafter, longest_suffix_match, longest_suffix_match_vectorised
 from specbench.errors import SpecbenchError
 from specbench.models.hf import HFModel
+from specbench.models.sampling import SamplingParams
 from specbench.models.tiny import build_tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: 1 intra-op thread, restored after
@@ -229,9 +229,9 @@ def test_greedy_speculative_with_cs_maxgram_is_lossless():
 def test_bigram_build_command_and_maxgram_source_with_a_bigram_fill(tmp_path):
     from typer.testing import CliRunner
 
+    from specbench import sources
     from specbench.cli import app
     from specbench.drafters.bigram import corpus_texts
-    from specbench.models import registry
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"q": "abab", "a": ["ab"], "n": 3}\n\n{"q": "ba\u2028b"}\n')
@@ -243,21 +243,21 @@ def test_bigram_build_command_and_maxgram_source_with_a_bigram_fill(tmp_path):
     table = BigramTable.load(out)
     a, b = ord("a"), ord("b")  # the byte tokenizer: ids 0-255 are the bytes
     assert int(table.next_token[a]) == b and int(table.next_token[b]) == a
-    mag = registry.load(registry.ModelRequest("mag", "maxgram", options=(("bigram", str(out)),)))
+    mag = sources.load(sources.ModelRequest("mag", "maxgram", options=(("bigram", str(out)),)))
     assert mag.fill is not None and mag.max_copy == 10 and mag.max_ngram is None
     with pytest.raises(SpecbenchError, match="bigram build"):
-        registry.load(registry.ModelRequest("mag", "maxgram", options=(("bigram", str(tmp_path / "no")),)))
+        sources.load(sources.ModelRequest("mag", "maxgram", options=(("bigram", str(tmp_path / "no")),)))
     with pytest.raises(SpecbenchError, match="takes no option 'colour'"):
-        registry.load(registry.ModelRequest("mag", "maxgram", options=(("colour", 1),)))
+        sources.load(sources.ModelRequest("mag", "maxgram", options=(("colour", 1),)))
 
 
 def test_bigram_path_expands_environment_variables(tmp_path, monkeypatch):
-    from specbench.models import registry
+    from specbench import sources
 
     BigramTable(torch.tensor([1, 2, 0])).save(tmp_path / "t.json")
 
     def load(path):
-        return registry.load(registry.ModelRequest("mag", "maxgram", options=(("bigram", path),)))
+        return sources.load(sources.ModelRequest("mag", "maxgram", options=(("bigram", path),)))
 
     monkeypatch.setenv("SPECBENCH_TEST_TABLES", str(tmp_path))
     assert load("$SPECBENCH_TEST_TABLES/t.json").fill.table.next_token.tolist() == [1, 2, 0]
@@ -330,9 +330,9 @@ def test_reference_search_is_the_longest_suffix_leftmost_in_corpus_plus_query():
 
 
 def test_cascade_with_the_reference_maxgram_is_lossless(tmp_path):
+    from specbench import sources
     from specbench.decoding import cascade_drafting
     from specbench.drafters.reference_maxgram import ReferenceMaxGramDrafter
-    from specbench.models import registry
 
     model, _ = build_tiny("tiny-llama", dtype=torch.float64, vocab_size=32, init_std=0.5)
     small, _ = build_tiny("tiny-llama", dtype=torch.float64, vocab_size=32, init_std=0.5, seed=1)
@@ -342,7 +342,7 @@ def test_cascade_with_the_reference_maxgram_is_lossless(tmp_path):
     path = tmp_path / "table.json"
     path.write_text(json.dumps(list(range(1, 32)) + [0]))
     options = (("bigram", str(path)), ("variant", "reference"))
-    mag = registry.load(registry.ModelRequest("mag", "maxgram", options=options))
+    mag = sources.load(sources.ModelRequest("mag", "maxgram", options=options))
     assert isinstance(mag, ReferenceMaxGramDrafter)
     for K in ([[1]], [[4]]):
         gen = cascade_drafting.generate(target, [drafter], mag, prompt, K=K, max_new_tokens=30)
@@ -355,4 +355,4 @@ def test_cascade_with_the_reference_maxgram_is_lossless(tmp_path):
         ((("bigram", str(path)), ("decoder_start", 0)), "belongs to the reference"),
     ):
         with pytest.raises(SpecbenchError, match=problem):
-            registry.load(registry.ModelRequest("mag", "maxgram", options=bad))
+            sources.load(sources.ModelRequest("mag", "maxgram", options=bad))

@@ -8,10 +8,10 @@ import random
 import pytest
 import torch
 
-from specbench.decoding.sampling import SamplingParams
 from specbench.drafters.maxgram import MaxGramDrafter, longest_suffix_match
-from specbench.models.base import Draft, LanguageModel
+from specbench.models.base import LAST, Draft, LanguageModel
 from specbench.models.hf import HFModel
+from specbench.models.sampling import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -69,7 +69,7 @@ def test_cached_score_equals_full_forward_through_rollbacks(kind, tiny_model):
             tokens = tokens + [rng.randrange(VOCAB) for _ in range(m)]
             n = rng.randint(0, min(len(tokens), m + 1))
             passes, scored = model.counter.forward_passes, model.counter.tokens_scored
-            logits = model.score(torch.tensor(tokens, dtype=torch.long), n)
+            logits = model.score(torch.tensor(tokens, dtype=torch.long), n).logits
             expected = full_logits(weights, kind, prompt, tokens)[len(tokens) - n :]
             assert logits.shape == (n + 1, VOCAB)
             torch.testing.assert_close(logits, expected, atol=1e-9, rtol=0)
@@ -104,10 +104,12 @@ def test_replaced_continuation_is_scored_from_the_new_tokens(kind, tiny_model):
     model.start(prompt)
     model.score(torch.tensor([1, 2, 3, 4, 5]), 3)
     model.rollback(2)
-    second = model.score(torch.tensor([1, 2, 9, 10, 11]), 3)
+    second = model.score(torch.tensor([1, 2, 9, 10, 11]), 3).logits
     fresh = HFModel(weights, "fresh")
     fresh.start(prompt)
-    torch.testing.assert_close(second, fresh.score(torch.tensor([1, 2, 9, 10, 11]), 3), atol=1e-9, rtol=0)
+    torch.testing.assert_close(
+        second, fresh.score(torch.tensor([1, 2, 9, 10, 11]), 3).logits, atol=1e-9, rtol=0
+    )
     torch.testing.assert_close(
         second, full_logits(weights, kind, prompt, [1, 2, 9, 10, 11])[2:], atol=1e-9, rtol=0
     )
@@ -310,3 +312,42 @@ def test_every_drafter_proposes_nothing_for_k_0(tiny_model):
         draft = drafter.propose(generated, 0, SamplingParams(), None)
         assert len(draft) == 0 and draft.tokens.dtype == torch.long, type(drafter).__name__
         assert drafter.counter.forward_passes == before, type(drafter).__name__
+
+
+def full_hidden(model, kind: str, prompt: torch.Tensor, tokens: list[int]) -> tuple[torch.Tensor, ...]:
+    """Every layer's hidden states from one no-cache forward, rows aligned with :func:`full_logits`."""
+    generated = torch.tensor(tokens, dtype=torch.long)
+    with torch.no_grad():
+        if kind == "tiny-t5":
+            start = torch.tensor([model.config.decoder_start_token_id])
+            decoder_ids = torch.cat([start, generated])[None]
+            out = model(input_ids=prompt[None], decoder_input_ids=decoder_ids, output_hidden_states=True)
+            return tuple(state[0] for state in out.decoder_hidden_states)
+        ids = torch.cat([prompt, generated])[None]
+        out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
+        return tuple(state[0, prompt.shape[0] - 1 :] for state in out.hidden_states)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_pass_returns_the_named_layers_hidden_states_at_the_scored_positions(kind, tiny_model):
+    weights = tiny_model(kind, 7, vocab_size=VOCAB, layers=3)
+    model = HFModel(weights, "m")
+    prompt, tokens = torch.tensor([3, 4, 5]), [1, 2, 9, 10, 11]
+    model.start(prompt)
+    plain = model.score(torch.tensor(tokens[:2]), 1)
+    assert plain.hidden == {}  # nothing asked, nothing computed
+    model.rollback(1)
+    scored = model.score(torch.tensor(tokens), 3, hidden=(LAST, 0, 2))  # cached prefix, 4 fed positions
+    states = full_hidden(weights, kind, prompt, tokens)
+    assert set(scored.hidden) == {LAST, 0, 2}
+    for layer, expected in ((LAST, states[-1]), (0, states[0]), (2, states[2])):
+        torch.testing.assert_close(scored.hidden[layer], expected[-4:], atol=1e-9, rtol=0)
+    # the last state is what the LM head reads: the logits come from it
+    head = weights.get_output_embeddings()
+    if kind == "tiny-llama":
+        with torch.inference_mode():
+            torch.testing.assert_close(head(scored.hidden[LAST]), scored.logits, atol=1e-9, rtol=0)
+    for bad in (3, -1, "middle", True):
+        model.rollback(4)
+        with pytest.raises(ValueError, match=r"no hidden layer .* ask for 'last' or a layer from 0 to 2"):
+            model.score(torch.tensor(tokens), 0, hidden=(bad,))

@@ -19,7 +19,7 @@ from specbench.cli import app
 from specbench.decoding import autoregressive
 from specbench.decoding.generation import Generation
 from specbench.methods import METHODS, Method, always
-from specbench.models.base import ForwardCounter
+from specbench.models.base import ForwardCounter, Pass
 from specbench.models.hf import HFModel
 from specbench.models.tiny import BYTE_VOCAB, byte_tokenizer
 from specbench.pipeline.numerics import RELATIVE, classify, counter_kept, divergence_fields, tolerance
@@ -60,7 +60,7 @@ class DesignedTarget:
     def rollback(self, n_tokens: int) -> None:
         self.cached = min(self.cached, self.prompt.shape[0] + n_tokens)
 
-    def score(self, tokens: torch.Tensor, n_candidates: int) -> torch.Tensor:
+    def score(self, tokens: torch.Tensor, n_candidates: int, hidden=()) -> Pass:
         total = self.prompt.shape[0] + tokens.shape[0]
         fed = total - min(self.cached, total - n_candidates - 1)
         self.calls += 1
@@ -75,7 +75,7 @@ class DesignedTarget:
                 last = int(tokens[position - 1]) if position else int(self.prompt[-1])
                 rows[row, (last + 1) % 256] = 1.0
         self.counter.end(started, fed, self.device)
-        return rows
+        return Pass(rows)
 
 
 def last_of_ties(params: dict, target, drafter, request) -> Generation:
@@ -85,7 +85,7 @@ def last_of_ties(params: dict, target, drafter, request) -> Generation:
     target.start(request.prompt_ids)
     out = torch.empty(request.max_new_tokens, dtype=torch.long)
     for i in range(request.max_new_tokens):
-        logits = target.score(out[:i], 0)[-1]
+        logits = target.score(out[:i], 0).logits[-1]
         out[i] = logits.shape[0] - 1 - int(logits.flip(0).argmax())
     tokens = out.tolist()
     return Generation(tokens, 1e-3, 1e-4, [(0, 0)] * len(tokens), {target.name: target.counter.snapshot()})

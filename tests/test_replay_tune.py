@@ -143,8 +143,8 @@ def test_replay_target_counts_and_refuses_what_lossless_methods_never_ask(tiny_m
     replay.start(prompt)
     live.counter.reset()
     for length, n, rollback in ((3, 3, 1), (5, 3, 4), (7, 3, 6), (7, 0, None)):
-        expected = live.score(out[:length], n)
-        logits = replay.score(out[:length], n)
+        expected = live.score(out[:length], n).logits
+        logits = replay.score(out[:length], n).logits
         assert logits.shape == expected.shape and logits.dtype == expected.dtype
         assert torch.equal(logits.argmax(-1), out[length - n : length + 1])  # y at the positions scored
         assert replay.counter.forward_passes == live.counter.forward_passes

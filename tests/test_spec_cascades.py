@@ -24,11 +24,11 @@ from specbench.cli import app
 from specbench.decoding import autoregressive, spec_cascades, speculative
 from specbench.decoding import sequential_cascades as seq
 from specbench.decoding.deferral import RULES
-from specbench.decoding.sampling import SamplingParams
 from specbench.errors import SpecbenchError
 from specbench.methods import METHODS
 from specbench.models.base import ModelDrafter
 from specbench.models.hf import HFModel
+from specbench.models.sampling import SamplingParams
 from specbench.recipe import load_recipe, parse_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")

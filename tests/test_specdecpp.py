@@ -21,7 +21,6 @@ from rich.progress import Progress
 from scipy.stats import chisquare
 
 from specbench.decoding import autoregressive, hf_generate, speculative
-from specbench.decoding.sampling import SamplingParams
 from specbench.decoding.specdecpp import OracleDrafter, SpecDecPPDrafter, should_stop
 from specbench.drafters import acceptance_head
 from specbench.drafters.acceptance_head import AcceptanceHead
@@ -29,6 +28,7 @@ from specbench.errors import SpecbenchError
 from specbench.methods import METHODS, Request
 from specbench.models.base import ModelDrafter
 from specbench.models.hf import HFModel
+from specbench.models.sampling import SamplingParams
 from specbench.papers.specdecpp import training as specdecpp
 from specbench.papers.specdecpp.efficiency import discard_verification_rates, time_per_token
 from specbench.recipe import load_recipe, parse_recipe

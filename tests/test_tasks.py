@@ -212,13 +212,13 @@ def test_data_files_overrides_and_missing_fields(tmp_path, no_data_dir):
 def test_hub_path_fails_fast_offline(monkeypatch, no_data_dir):
     import datasets
 
-    import specbench.models.registry as registry
+    from specbench.models import cache
 
     def unreachable(*args, **kwargs):
         raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub")
 
     monkeypatch.setattr(datasets, "load_dataset", unreachable)
-    monkeypatch.setattr(registry, "hub_reachable", lambda: True)  # get past the probe to load_dataset
+    monkeypatch.setattr(cache, "hub_reachable", lambda: True)  # get past the probe to load_dataset
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     start = time.monotonic()
@@ -227,7 +227,7 @@ def test_hub_path_fails_fast_offline(monkeypatch, no_data_dir):
     assert time.monotonic() - start < 5
     assert "data_files" in str(error.value) and "SPECBENCH_DATA_DIR" in str(error.value)
 
-    monkeypatch.setattr(registry, "hub_reachable", lambda: False)
+    monkeypatch.setattr(cache, "hub_reachable", lambda: False)
     with pytest.raises(SpecbenchError, match="could not reach"):
         get_task("mmlu").load(limit=1)
 

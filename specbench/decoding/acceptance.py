@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specbench.decoding.sampling import greedy_token, sample
+from specbench.models.sampling import greedy_token, sample
 
 
 @dataclass(frozen=True)

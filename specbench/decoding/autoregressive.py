@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from specbench.decoding.generation import Generation, Stopwatch, eos_set
-from specbench.decoding.sampling import SamplingParams
 from specbench.methods import Method, Request
 from specbench.models.base import LanguageModel
+from specbench.models.sampling import SamplingParams
 
 
 def generate(
@@ -27,7 +27,7 @@ def generate(
     tokens: list[int] = []
     stopped = False
     for i in range(max_new_tokens):
-        logits = model.score(out[:i], 0)[-1]
+        logits = model.score(out[:i], 0).logits[-1]
         probs = None if sampling.greedy else sampling.probs(logits)
         out[i] = sampling.choose(probs, logits, generator)
         token = int(out[i])

@@ -63,9 +63,9 @@ import torch
 
 from specbench.decoding.acceptance import greedy_accept, speculative_accept
 from specbench.decoding.generation import Generation, Stopwatch, commit, eos_set, truncate_at_eos
-from specbench.decoding.sampling import SamplingParams
 from specbench.methods import Method, ParamSpec, Request, always
 from specbench.models.base import Drafter, LanguageModel
+from specbench.models.sampling import SamplingParams
 
 
 def cumulative_from_increments(K: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -177,7 +177,7 @@ def generate(
         tokens: (accepted + 1, their q rows, its rows at the accepted tokens)."""
         d, q, last = draft(r, g, room - 1)
         drafts = out[g : g + d]
-        p = sampling.probs(models[r].score(out[: g + d], d))
+        p = sampling.probs(models[r].score(out[: g + d], d).logits)
         rows = p  # the law of each emitted token (module docstring)
         l_r = lenience if (mag_lenience or r < n) else 1.0
         if sampling.greedy:
@@ -201,7 +201,7 @@ def generate(
     while generated < max_new_tokens and not stopped:
         d, q, _ = draft(0, generated, max_new_tokens - generated - 1)
         drafts = out[generated : generated + d]
-        logits = target.score(out[: generated + d], d)
+        logits = target.score(out[: generated + d], d).logits
         if sampling.greedy:  # strict, on raw logits: its argmax is exactly autoregressive greedy's
             verdict = greedy_accept(drafts, None, logits)
         else:  # strict: the output follows the target's own distribution

@@ -35,9 +35,9 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from specbench.decoding.generation import Generation, Stopwatch, eos_set, truncate_at_eos
-from specbench.decoding.sampling import SamplingParams
 from specbench.methods import DRAFT_LENGTH, Method, ParamSpec, Request, always
 from specbench.models.hf import HFModel
+from specbench.models.sampling import SamplingParams
 
 # A checkpoint's generation_config may turn on logits processors our loops never apply; None and
 # neutral values passed to generate override it (omitted ones would be filled in from it).

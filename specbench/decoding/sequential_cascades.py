@@ -37,10 +37,10 @@ from specbench.decoding.deferral import (
     tv_distance,
 )
 from specbench.decoding.generation import Generation, Stopwatch, commit, eos_set, truncate_at_eos
-from specbench.decoding.sampling import SamplingParams
 from specbench.decoding.spec_cascades import one_hot
 from specbench.methods import Method, ParamSpec, Request
 from specbench.models.base import LanguageModel
+from specbench.models.sampling import SamplingParams
 
 
 def _begin(*models: LanguageModel, prompt_ids: torch.Tensor) -> Stopwatch:
@@ -82,13 +82,13 @@ def token_cascade(
     for i in range(max_new_tokens):
         defer = max_small_tokens > 0 and run == max_small_tokens
         if not defer:
-            logits = small.score(out[:i], 0)[-1]
+            logits = small.score(out[:i], 0).logits[-1]
             q = sampling.probs(logits)
             x = sampling.choose(q, logits, generator)
             # one sync for the decision and the small model's token
             defer, token = torch.stack([decision(rule, q, None, {"alpha": alpha}).long(), x]).tolist()
         if defer:
-            logits = large.score(out[:i], 0)[-1]
+            logits = large.score(out[:i], 0).logits[-1]
             x = sampling.choose(sampling.probs(logits), logits, generator)
             token = int(x)
             deferrals += 1
@@ -126,8 +126,8 @@ def oracle_cascade(
     tokens: list[int] = []
     deferrals = 0
     for i in range(max_new_tokens):
-        q_logits = small.score(out[:i], 0)[-1]
-        p_logits = large.score(out[:i], 0)[-1]
+        q_logits = small.score(out[:i], 0).logits[-1]
+        p_logits = large.score(out[:i], 0).logits[-1]
         q_conf, p_conf = sampling.probs(q_logits), sampling.probs(p_logits)
         x_q = sampling.choose(q_conf, q_logits, generator)
         x_p = sampling.choose(p_conf, p_logits, generator)
@@ -149,7 +149,7 @@ def _respond(model, out, max_new_tokens, sampling, generator, eos, watch=None):
     tokens: list[int] = []
     log_prob = torch.zeros((), dtype=torch.float64, device=out.device)
     for i in range(max_new_tokens):
-        logits = model.score(out[:i], 0)[-1]
+        logits = model.score(out[:i], 0).logits[-1]
         probs = sampling.probs(logits)
         out[i] = sampling.choose(probs, logits, generator)
         log_prob = log_prob + torch.log(probs[out[i]]).double()
@@ -224,7 +224,7 @@ def bild(
         budget = min(k, max_new_tokens - generated - 1)
         rows = []
         while len(rows) < budget:  # fallback phase
-            logits = small.score(out[: generated + len(rows)], 0)[-1]
+            logits = small.score(out[: generated + len(rows)], 0).logits[-1]
             q = sampling.probs(logits)
             x = sampling.choose(q, logits, generator)
             unsure, token = torch.stack([(q.max() < 1 - fallback_alpha).long(), x]).tolist()
@@ -234,7 +234,7 @@ def bild(
             rows.append(q)
         d = len(rows)
         drafts = out[generated : generated + d].clone()
-        p_logits = large.score(out[: generated + d], d)
+        p_logits = large.score(out[: generated + d], d).logits
         p = sampling.probs(p_logits)
         keep = torch.ones(0, dtype=torch.bool, device=out.device)
         if d:

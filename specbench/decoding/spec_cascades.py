@@ -38,9 +38,9 @@ from specbench.decoding.deferral import (
     target,
 )
 from specbench.decoding.generation import Generation
-from specbench.decoding.sampling import SamplingParams
 from specbench.methods import Method, ParamSpec, Request, given_params
 from specbench.models.base import Draft, LanguageModel, ModelDrafter
+from specbench.models.sampling import SamplingParams
 
 
 def one_hot(tokens: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -74,7 +74,7 @@ class BonusRowDrafter(ModelDrafter):
         self, tokens: torch.Tensor, k: int, sampling: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
         draft = super().propose(tokens, k, sampling, generator)
-        last = sampling.probs(self.model.score(torch.cat([tokens, draft.tokens]), 0)[-1])
+        last = sampling.probs(self.model.score(torch.cat([tokens, draft.tokens]), 0).logits[-1])
         rows = last[None] if draft.q is None else torch.cat([draft.q, last[None]])
         return Draft(draft.tokens, rows)
 

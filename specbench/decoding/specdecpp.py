@@ -30,11 +30,11 @@ import torch
 
 from specbench.decoding import speculative
 from specbench.decoding.generation import Generation
-from specbench.decoding.sampling import SamplingParams
 from specbench.drafters.acceptance_head import AcceptanceHead, check_reference, load_head
 from specbench.methods import Method, ParamSpec, Request, always
-from specbench.models.base import Draft, ModelDrafter
+from specbench.models.base import LAST, Draft, ModelDrafter, Pass
 from specbench.models.hf import HFModel
+from specbench.models.sampling import SamplingParams
 
 
 class SpecDecPPDrafter(ModelDrafter):
@@ -64,12 +64,12 @@ class SpecDecPPDrafter(ModelDrafter):
         self._eos = None
         if eos_token_id:
             self._eos = torch.tensor(sorted(eos_token_id), dtype=torch.long, device=model.device)
-        model.keep_hidden = True  # the head reads the hidden state of the pass score() already makes
 
     @torch.inference_mode()
-    def acceptance(self) -> torch.Tensor:
-        """p̂ of the last token the draft model was fed (0-d tensor, on the device)."""
-        return self.head.probability(self.model.last_hidden)
+    def acceptance(self, scored: Pass) -> torch.Tensor:
+        """p̂ of the last token a draft pass was fed, from that pass's final hidden state (0-d tensor,
+        on the device)."""
+        return self.head.probability(scored.hidden[LAST][-1])
 
     @torch.inference_mode()
     def propose(
@@ -84,9 +84,10 @@ class SpecDecPPDrafter(ModelDrafter):
         all_accepted = None  # Π_{j<=i} p̂_j over the candidates fed so far
         n = 0
         for i in range(k):
-            logits = self.model.score(context[: generated + i], 0)[-1]
+            scored = self.model.score(context[: generated + i], 0, hidden=(LAST,))  # p̂ reads its state
+            logits = scored.logits[-1]
             if i > 0:  # this pass fed candidate Y_i: its hidden state gives p̂_i
-                p_hat = self.acceptance()
+                p_hat = self.acceptance(scored)
                 all_accepted = p_hat if all_accepted is None else all_accepted * p_hat
             q = sampling.probs(logits)
             token = sampling.choose(q, logits, generator)
@@ -160,7 +161,7 @@ def agreement_lengths(model: HFModel, prompt_ids: torch.Tensor, reference: list[
         return []
     ref = torch.tensor(reference, dtype=torch.long, device=model.device)
     model.start(prompt_ids)
-    logits = model.score(ref, m)  # [m + 1, V]: after the prompt, then after each reference token
+    logits = model.score(ref, m).logits  # [m + 1, V]: after the prompt, then after each reference token
     agree = (logits[:m].argmax(-1) == ref).tolist()
     lengths = [0] * (m + 1)
     for t in range(m - 1, -1, -1):
@@ -204,10 +205,7 @@ def _run_specdecpp(params: dict, target, drafter: HFModel, r: Request) -> Genera
         min_length=params["min_length"],
         eos_token_id=r.eos_token_id,
     )
-    try:
-        return speculative.generate(target, adaptive, r.prompt_ids, k=params["max_length"], **r.decoding())
-    finally:
-        drafter.keep_hidden = False  # other cells share this drafter: back to the fast path
+    return speculative.generate(target, adaptive, r.prompt_ids, k=params["max_length"], **r.decoding())
 
 
 def _run_oracle(params: dict, target, drafter: HFModel, r: Request) -> Generation:

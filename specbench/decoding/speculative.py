@@ -11,10 +11,10 @@ import torch
 
 from specbench.decoding.acceptance import AcceptanceRule, exact_rule, lenience_factor
 from specbench.decoding.generation import Generation, Stopwatch, commit, eos_set, truncate_at_eos
-from specbench.decoding.sampling import SamplingParams
 from specbench.methods import DRAFT_LENGTH, Method, ParamSpec, Request
 from specbench.models.base import Drafter, LanguageModel, ModelDrafter
 from specbench.models.hf import HFModel
+from specbench.models.sampling import SamplingParams
 
 
 def generate(
@@ -57,7 +57,7 @@ def generate(
         draft_tokens, q = draft.tokens, draft.q
         d = draft_tokens.shape[0]
         out[generated : generated + d] = draft_tokens
-        logits = target.score(out[: generated + d], d)
+        logits = target.score(out[: generated + d], d).logits
         p = logits if raw_logits else sampling.probs(logits)
         verdict = rule(draft_tokens, q, p, generator)
 

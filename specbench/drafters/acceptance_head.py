@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from specbench.errors import SpecbenchError
-from specbench.models import registry
+from specbench.models import cache
 
 HEAD_FILE = "head.safetensors"
 MANIFEST = "specdecpp.json"
@@ -65,7 +65,7 @@ def slug(source: str) -> str:
 
 
 def head_dir(target: str, drafter: str, name: str = "default") -> Path:
-    return registry.cache_dir() / "specdecpp" / slug(target) / slug(drafter) / name
+    return cache.cache_dir() / "specdecpp" / slug(target) / slug(drafter) / name
 
 
 def reference(target: str, drafter: str, name: str = "default") -> str:
@@ -105,7 +105,7 @@ def resolve(value: str) -> Path:
     """The folder of the head a recipe names; a one-line error saying how to train it if missing."""
     if value.startswith(PREFIX):
         parts = value.removeprefix(PREFIX).split("/")
-        folder = registry.cache_dir() / "specdecpp" / Path(*parts)
+        folder = cache.cache_dir() / "specdecpp" / Path(*parts)
         if len(parts) == 2:
             folder = folder / "default"
     else:

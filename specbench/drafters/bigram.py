@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from specbench.decoding.sampling import SamplingParams
 from specbench.drafters.maxgram import MaxGramDrafter
 from specbench.errors import SpecbenchError
 from specbench.models.base import Draft, ForwardCounter
+from specbench.models.sampling import SamplingParams
 
 
 class BigramTable:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from specbench.decoding.sampling import SamplingParams
 from specbench.models.base import Draft, ForwardCounter
+from specbench.models.sampling import SamplingParams
 
 
 def longest_suffix_match(sequence: torch.Tensor, max_ngram: int | None = None) -> tuple[int, int]:

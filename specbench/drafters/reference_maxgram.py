@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import torch
 
-from specbench.decoding.sampling import SamplingParams
 from specbench.drafters.bigram import BigramTable
 from specbench.models.base import Draft, ForwardCounter
+from specbench.models.sampling import SamplingParams
 
 
 def reference_search(query: torch.Tensor, corpus: torch.Tensor, n: int) -> torch.Tensor | None:

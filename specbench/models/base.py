@@ -1,8 +1,10 @@
 """The one small interface every verifier and drafter speaks.
 
 A *language model* scores: given the tokens generated so far, the last ``n`` of which are
-candidates, one forward pass returns the ``n + 1`` next-token logits (after the committed
-prefix, after each candidate). It keeps a KV cache and rolls it back on request.
+candidates, one forward pass returns a :class:`Pass`: the ``n + 1`` next-token logits (after the
+committed prefix, after each candidate) and, when the caller asks, the hidden states of named layers
+at those same positions (heads such as SpecDec++'s acceptance head, Medusa and EAGLE read them). It
+keeps a KV cache and rolls it back on request.
 
 A *drafter* proposes: given the tokens generated so far, it returns up to ``k`` candidate
 tokens and the distributions ``q`` they were drawn from (``None`` for deterministic drafters
@@ -18,12 +20,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import torch
 
-from specbench.decoding.sampling import SamplingParams
+from specbench.models.sampling import SamplingParams
 
 
 @dataclass
@@ -88,6 +91,40 @@ class ForwardCounter:
         }
 
 
+# A layer whose hidden states a pass returns: LAST, the final state the LM head reads (after the final
+# norm), or i, the output of the first i decoder layers (0: the embeddings), as transformers'
+# ``hidden_states[i]``; EAGLE-3 asks for a low, a middle and a high one.
+Layer = int | str
+LAST = "last"
+
+
+@dataclass(frozen=True)
+class Pass:
+    """What one forward pass returns: ``logits[i]`` after the i-th scored position (the committed
+    prefix's last token, then each candidate) and, for each layer the caller asked for, the hidden
+    states at the same positions."""
+
+    logits: torch.Tensor  # [n_candidates + 1, V]
+    hidden: Mapping[Layer, torch.Tensor] = field(default_factory=dict)  # layer -> [n_candidates + 1, H]
+
+
+def pick_hidden(states: Sequence[torch.Tensor], layers: Sequence[Layer], rows: slice, name: str) -> dict:
+    """The requested layers' rows of a forward pass's ``hidden_states`` (embeddings, then each layer's
+    output, the last one after the final norm)."""
+    picked = {}
+    for layer in layers:
+        if layer == LAST:
+            picked[layer] = states[-1][0, rows]
+        elif isinstance(layer, int) and not isinstance(layer, bool) and 0 <= layer < len(states) - 1:
+            picked[layer] = states[layer][0, rows]
+        else:
+            highest = len(states) - 2
+            raise ValueError(
+                f"{name}: no hidden layer {layer!r}; ask for {LAST!r} or a layer from 0 to {highest}"
+            )
+    return picked
+
+
 @dataclass(frozen=True)
 class Draft:
     """Candidate tokens ``x_1..x_k`` and, for sampled drafts, the rows ``q_1..q_k`` they came from."""
@@ -112,8 +149,9 @@ class LanguageModel(Protocol):
     def start(self, prompt_ids: torch.Tensor) -> None:
         """Begin a new request (resets the cache; encoder-decoder models encode the prompt here)."""
 
-    def score(self, tokens: torch.Tensor, n_candidates: int) -> torch.Tensor:
-        """One forward pass; logits ``[n_candidates + 1, V]`` after ``tokens[:-n]`` and each candidate."""
+    def score(self, tokens: torch.Tensor, n_candidates: int, hidden: Sequence[Layer] = ()) -> Pass:
+        """One forward pass: logits ``[n_candidates + 1, V]`` after ``tokens[:-n]`` and each candidate,
+        and the hidden states of the ``hidden`` layers at the same positions."""
 
     def rollback(self, n_tokens: int) -> None:
         """Forget cached state for generated positions ``>= n_tokens`` (they may be replaced)."""
@@ -165,7 +203,7 @@ class ModelDrafter:
         for i in range(k):
             # on another device than the caller's (a drafter on its own GPU), one row comes back per
             # token; the cache stays where the drafter is
-            logits = self.model.score(context[: generated + i], 0)[-1].to(tokens.device)
+            logits = self.model.score(context[: generated + i], 0).logits[-1].to(tokens.device)
             if sampling.greedy:  # the argmax needs no q: one softmax over all rows after the loop
                 context[generated + i] = sampling.choose(None, logits, generator)
                 rows.append(logits)

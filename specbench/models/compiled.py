@@ -31,6 +31,7 @@ import time
 import torch
 from transformers import StaticCache
 
+from specbench.models.base import Layer, Pass, pick_hidden
 from specbench.models.hf import HFModel
 
 ENGINES = ("eager", "compiled")
@@ -78,21 +79,22 @@ class CompiledHFModel(HFModel):
         self.buckets: tuple[int, ...] = (1,)
         self.capacity = 0
         self.compile_seconds = 0.0
-        self._compiled: set[tuple] = set()  # (bucket, capacity, keep_hidden) already compiled
+        self._compiled: set[tuple] = set()  # (bucket, capacity, with hidden states) already compiled
         self._held = 0  # where the cache's pointer stands (kept here so reading it costs no sync)
         self._inputs: dict[int, torch.Tensor] = {}
 
     # -- set-up -------------------------------------------------------------------------------
 
-    def prepare(self, longest: int, draft_lengths=()) -> float:
+    def prepare(self, longest: int, draft_lengths=(), hidden: bool = False) -> float:
         """Size the cache for sequences of up to ``longest`` positions (prompt + generation + k + 1)
-        and compile the passes of 1 and k + 1 tokens for each k; returns the seconds compiling took."""
+        and compile the passes of 1 and k + 1 tokens for each k (``hidden``: the graphs that also
+        return hidden states); returns the seconds compiling took."""
         buckets = sorted({1, *(k + 1 for k in draft_lengths if k > 0), *self.buckets})
         before = self.compile_seconds
         self._reserve(longest, buckets)
         with torch.inference_mode():
             for bucket in self.buckets:
-                self._compile(bucket)
+                self._compile(bucket, hidden)
         return self.compile_seconds - before
 
     def _reserve(self, longest: int, buckets) -> None:
@@ -110,7 +112,7 @@ class CompiledHFModel(HFModel):
         # allocate the cache outside any graph (its pointers move to the device there), then guard its
         # tensors: transformers marks them static but unguarded, and dynamo then reused a graph traced
         # with one cache for another, whose writes went to the first cache's tensors
-        self._eager(torch.zeros(1, dtype=torch.long, device=self.device), 1)
+        self._eager(torch.zeros(1, dtype=torch.long, device=self.device), 1, False)
         self._pointers = [layer.cumulative_length for layer in self._cache.layers]
         self._point(0)
         for layer in self._cache.layers:
@@ -120,16 +122,16 @@ class CompiledHFModel(HFModel):
     def _new_cache(self, capacity: int) -> StaticCache:
         return StaticCache(config=self.model.config.get_text_config(decoder=True), max_cache_len=capacity)
 
-    def _compile(self, bucket: int) -> None:
+    def _compile(self, bucket: int, hidden: bool) -> None:
         """Run (and so compile) the graph of ``bucket`` tokens on scratch positions, if not done yet."""
-        key = (bucket, self.capacity, self.keep_hidden)
+        key = (bucket, self.capacity, hidden)
         if key in self._compiled:
             return
         self._point(0)
         started = time.perf_counter()
         with self.counter.kept(), torch._inductor.config.patch(self._options):
             for _ in range(2):  # reduce-overhead records its CUDA graph on the second call
-                self._run(self._inputs[bucket], bucket)
+                self._run(self._inputs[bucket], bucket, hidden)
                 self._point(0)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
@@ -150,7 +152,7 @@ class CompiledHFModel(HFModel):
         self._cached = 0
 
     @torch.inference_mode()
-    def score(self, tokens: torch.Tensor, n_candidates: int) -> torch.Tensor:
+    def score(self, tokens: torch.Tensor, n_candidates: int, hidden: tuple[Layer, ...] = ()) -> Pass:
         tokens = tokens.to(self.device)
         prefix_len = self._prefix.shape[0]
         total = prefix_len + tokens.shape[0]
@@ -163,53 +165,52 @@ class CompiledHFModel(HFModel):
             new = torch.cat([self._prefix[keep:], tokens])
         fed = new.shape[0]
         bucket = next((b for b in self.buckets if b >= fed), None)
-        if bucket is not None and (bucket, self.capacity, self.keep_hidden) not in self._compiled:
-            self._compile(bucket)  # outside the counter's time; the cache must be refilled after it
-            return self.score(tokens, n_candidates)
+        if bucket is not None and (bucket, self.capacity, bool(hidden)) not in self._compiled:
+            self._compile(bucket, bool(hidden))  # outside the counter's time; the cache is refilled after
+            return self.score(tokens, n_candidates, hidden)
         self._point(keep)
         started = self.counter.begin(self.device)
+        rows = slice(fed - n_candidates - 1, fed)
         if bucket is None:
-            logits = self._eager(new, n_candidates + 1)
+            output = self._eager(new, n_candidates + 1, bool(hidden))
+            rows = slice(-(n_candidates + 1), None)
         else:
             padded = self._inputs[bucket]  # past ``fed``: ids of earlier passes, any id will do
             padded[0, :fed] = new
-            output = self._run(padded, bucket)
-            logits = output.logits[0, fed - n_candidates - 1 : fed]
-            if self.keep_hidden:
-                self.last_hidden = output.hidden_states[-1][0, fed - 1]
-            if self.device.type == "cuda":  # a CUDA graph's next replay overwrites its outputs
-                logits = logits.clone()
-                self.last_hidden = None if self.last_hidden is None else self.last_hidden.clone()
+            output = self._run(padded, bucket, bool(hidden))
             self._point(keep + fed)  # the padding's entries become stale
+        logits = output.logits[0, rows]
+        states = pick_hidden(output.hidden_states, hidden, rows, self.name) if hidden else {}
+        if bucket is not None and self.device.type == "cuda":  # a CUDA graph's next replay overwrites
+            logits = logits.clone()
+            states = {layer: state.clone() for layer, state in states.items()}
         self.counter.end(started, fed, self.device)
         self._cached = total
-        return logits
+        return Pass(logits, states)
 
     # -- passes -------------------------------------------------------------------------------
 
-    def _run(self, ids: torch.Tensor, bucket: int):
+    def _run(self, ids: torch.Tensor, bucket: int, hidden: bool):
         output = self._step(
             input_ids=ids,
             **{self._cache_argument: self._cache},
             use_cache=True,
             logits_to_keep=bucket,
-            output_hidden_states=self.keep_hidden,
+            output_hidden_states=hidden,
         )
         self._held += bucket
         return output
 
-    def _eager(self, new: torch.Tensor, keep_logits: int) -> torch.Tensor:
+    def _eager(self, new: torch.Tensor, keep_logits: int, hidden: bool):
         output = self.model(
             input_ids=new[None],
             **{self._cache_argument: self._cache},
             use_cache=True,
             logits_to_keep=keep_logits,
-            output_hidden_states=self.keep_hidden,
+            output_hidden_states=hidden,
         )
         self._held += new.shape[0]
-        if self.keep_hidden:
-            self.last_hidden = output.hidden_states[-1][0, -1]
-        return output.logits[0, -keep_logits:]
+        return output
 
     def _point(self, position: int) -> None:
         """Move the cache's pointer to ``position``: everything from there on is stale."""

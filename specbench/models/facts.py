@@ -2,18 +2,10 @@
 per token, from its configuration alone (a model instantiated on the meta device holds no storage, so
 even a 70B configuration builds in a fraction of a second and no weight is read).
 
-Where the configuration comes from, first match wins (``ModelFacts.origin`` names it):
-
-1. statistical drafters (``prompt-lookup``, ``maxgram``): 0 bytes; ``early-exit``: the first
-   ``layers`` of its base model, whose weights it shares (0 bytes of its own; KV cache and pass time
-   are the base's times layers / L);
-2. a ``.gguf`` file: its size on disk (quantised; no parameter count, no KV cache); a local model
-   directory: its ``config.json``;
-3. ``tiny-llama`` / ``tiny-t5``: the model :mod:`specbench.models.tiny` builds from the recipe's options;
-4. ``smollm2-135m-instruct``: the de-quantised copy in the specbench cache, else its Hub id (below);
-5. ``distilled:<target>/<size>``: ``config.json`` in :func:`specbench.models.registry.distilled_dir`;
-6. a Hub id whose ``config.json`` is in the local Hugging Face cache (never the network);
-7. ``specbench/data/model_facts.yaml``: the public ``config.json`` facts of the papers' models.
+Each kind of source says where its configuration comes from (its ``facts`` in :mod:`specbench.sources`;
+``ModelFacts.origin`` names it): a local ``config.json``, the model built in-process, the local Hugging
+Face cache (never the network), or ``specbench/data/model_facts.yaml``, the public ``config.json`` facts
+of the papers' models. This module holds what they share.
 
 KV-cache bytes per token, at batch 1: decoder-only 2 (K and V) x layers x KV heads x head dim x dtype
 bytes; encoder-decoder (T5) 2 x decoder layers x heads x d_kv x dtype bytes, per prompt position (the
@@ -24,8 +16,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
-import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -186,115 +176,7 @@ def bytes_by_device(fact: ModelFacts, device_map: dict) -> dict:
     return placed
 
 
-def model_facts(name: str, models: dict, dtype: str) -> ModelFacts:
-    """Facts of the recipe model ``name`` (``models``: the recipe's ModelSpecs) at ``dtype``; with a
-    bitsandbytes ``quantization`` option, its linear layers at 4 or 8 bits (embeddings, head and norms
-    stay at ``dtype``)."""
-    fact = _model_facts(name, models, dtype)
-    quantization = models[name].options.get("quantization") or {}
-    bits = 4 if quantization.get("load_in_4bit") else 8 if quantization.get("load_in_8bit") else None
-    if bits and fact.numels:
-        size = DTYPE_BYTES[dtype]
-        kept = sum(n for key, n in fact.numels.items() if re.search(r"embed|lm_head|norm|shared", key))
-        fact.weight_bytes = kept * size + math.ceil((fact.params - kept) * bits / 8)
-        fact.origin += f", {bits}-bit linear layers"
-    return fact
-
-
-def _model_facts(name: str, models: dict, dtype: str) -> ModelFacts:
-    from specbench.models import registry
-
-    spec = models[name]
-    source, where = spec.source, f"models.{name}.source"
-    if source in registry.STATISTICAL_SOURCES:
-        return ModelFacts(name, source, "statistical drafter (no weights)", dtype, 0, 0, 0)
-    if source == registry.EARLY_EXIT:
-        return _early_exit(name, models, dtype)
-    path = Path(source).expanduser()
-    if source.endswith(".gguf"):
-        if not path.is_file():
-            raise SpecbenchError(
-                where, f"GGUF file {source} not found", "give the path of an existing .gguf file"
-            )
-        size = path.stat().st_size
-        return ModelFacts(name, source, "gguf file size", dtype, None, size, 0, config_path=str(path))
-    if path.is_dir():
-        config = path / "config.json"
-        return from_config(name, source, "local directory", dtype, _read_json(config, where), path=config)
-    if source in registry.TINY_SOURCES:
-        from specbench.models.tiny import build_tiny
-
-        with torch.device("meta"):
-            model, _ = build_tiny(source, **spec.options)
-        return from_config(name, source, "in-process tiny model", dtype, {}, model.config)
-    if source == registry.SMOLLM2_ALIAS:
-        converted = registry.cache_dir() / "smollm2-135m-instruct-q4_1" / "config.json"  # as the loader
-        if converted.is_file():
-            raw = _read_json(converted, where)
-            return from_config(name, source, "specbench cache", dtype, raw, path=converted)
-        source = registry.SMOLLM2_HUB_ID
-    if source.startswith(registry.DISTILLED_PREFIX):
-        config = registry.distilled_dir(source.removeprefix(registry.DISTILLED_PREFIX)) / "config.json"
-        if not config.is_file():
-            raise SpecbenchError(
-                where,
-                f"no distilled drafter {source!r} at {config.parent}",
-                "build it with `make drafts` (or `specbench distill`), or set SPECBENCH_CACHE to where it is",
-            )
-        raw = _read_json(config, where)
-        return from_config(name, spec.source, "distilled drafter", dtype, raw, path=config)
-    cached = _hub_cache_config(source, spec.revision)
-    if cached is not None:
-        return from_config(name, spec.source, "HF cache", dtype, _read_json(cached, where), path=cached)
-    entry = shipped_facts().get(source)
-    if entry is not None:
-        return from_config(name, spec.source, FACTS_FILE, dtype, entry["config"])
-    raise SpecbenchError(
-        where,
-        f"no size facts for {source!r}: not a local path, not in the local Hugging Face cache, not in "
-        f"specbench/data/{FACTS_FILE}",
-        f"fetch its config.json on a connected machine (hf download {source} config.json) or add its "
-        f"config to specbench/data/{FACTS_FILE}",
-    )
-
-
-def _early_exit(name: str, models: dict, dtype: str) -> ModelFacts:
-    spec = models[name]
-    of, layers = spec.options.get("of"), spec.options.get("layers")
-    if of not in models or not isinstance(layers, int):
-        raise SpecbenchError(
-            f"models.{name}.options",
-            "early-exit needs of: MODEL and layers: N",
-            "e.g. {of: target, layers: 4}",
-        )
-    base = _model_facts(of, models, dtype)
-    fraction = min(1.0, layers / base.layers) if base.layers else 1.0
-    return ModelFacts(
-        name,
-        spec.source,
-        f"early exit after layer {layers} of {of} (shares its weights)",
-        dtype,
-        0,
-        0,
-        round(base.kv_bytes_per_token * fraction),
-        architecture=base.architecture,
-        layers=layers,
-        shares=of,
-        pass_fraction=fraction,
-    )
-
-
-def _hub_cache_config(repo_id: str, revision: str | None) -> Path | None:
-    """``config.json`` of ``repo_id`` in the local Hugging Face cache, or None (never the network)."""
-    if repo_id.startswith((".", "/", "~")) or repo_id.count("/") != 1:
-        return None
-    from huggingface_hub import try_to_load_from_cache
-
-    found = try_to_load_from_cache(repo_id, "config.json", revision=revision)
-    return Path(found) if isinstance(found, str) else None
-
-
-def _read_json(path: Path, where: str) -> dict:
+def read_json(path: Path, where: str) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:

@@ -5,9 +5,8 @@ encode the prompt once per request and decode from the decoder start token. The 
 exactly ``self._cached`` positions of (prompt + generation); ``score`` feeds only the positions
 the cache lacks and crops whatever it holds past the committed prefix.
 
-Opt-in ``keep_hidden = True`` (SpecDec++'s acceptance head reads the draft's last hidden state):
-``score`` then also stores the final-layer hidden state of the last fed position in
-``last_hidden`` (``[hidden]``), from the same forward pass; the default path is unchanged.
+``score(..., hidden=layers)`` also returns those layers' hidden states at the scored positions, from
+the same forward pass; a pass that asks for none takes the default path.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import inspect
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
-from specbench.models.base import ForwardCounter
+from specbench.models.base import ForwardCounter, Layer, Pass, pick_hidden
 
 
 class HFModel:
@@ -38,8 +37,6 @@ class HFModel:
         self._encoder_outputs = None
         self._cache = None
         self._cached = 0
-        self.keep_hidden = False
-        self.last_hidden: torch.Tensor | None = None
 
     def eos_token_ids(self) -> list[int]:
         """Every id that ends a generation: the generation config's and the tokenizer's EOS."""
@@ -77,7 +74,7 @@ class HFModel:
         self._cached = min(self._cached, self._prefix.shape[0] + n_tokens)
 
     @torch.inference_mode()
-    def score(self, tokens: torch.Tensor, n_candidates: int) -> torch.Tensor:
+    def score(self, tokens: torch.Tensor, n_candidates: int, hidden: tuple[Layer, ...] = ()) -> Pass:
         tokens = tokens.to(self.device)  # token ids from a caller on another device (no-op otherwise)
         prefix_len = self._prefix.shape[0]
         total = prefix_len + tokens.shape[0]
@@ -97,17 +94,18 @@ class HFModel:
             kwargs["decoder_input_ids"] = new[None]
         else:
             kwargs["input_ids"] = new[None]
-        if self.keep_hidden:
+        if hidden:
             kwargs["output_hidden_states"] = True
         started = self.counter.begin(self.device)
         output = self.model(**kwargs)
         logits = output.logits[0, -(n_candidates + 1) :]
         self.counter.end(started, new.shape[0], self.device)
-        if self.keep_hidden:
-            states = output.decoder_hidden_states if self.is_encoder_decoder else output.hidden_states
-            self.last_hidden = states[-1][0, -1]
+        states = {}
+        if hidden:
+            every = output.decoder_hidden_states if self.is_encoder_decoder else output.hidden_states
+            states = pick_hidden(every, hidden, slice(-(n_candidates + 1), None), self.name)
         self._cached = total
-        return logits
+        return Pass(logits, states)
 
 
 def input_device(model: PreTrainedModel) -> torch.device:

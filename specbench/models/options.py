@@ -1,7 +1,9 @@
-"""What each kind of model source takes in a recipe's ``options:``, and which values are sound.
+"""The options that reach transformers' ``from_pretrained`` for a checkpoint (placement, attention,
+quantization, remote code), and which values are sound.
 
-Checked when a recipe is validated (:func:`option_problem`), before anything loads, so a misspelt or
-impossible option is a one-line error instead of being dropped or failing hours into a run.
+Each kind of source (:mod:`specbench.sources`) declares which options it takes; the ones here are
+checked for every source that takes them when a recipe is validated, before anything loads, so a
+misspelt or impossible option is a one-line error instead of being dropped or failing hours into a run.
 """
 
 from __future__ import annotations
@@ -10,15 +12,6 @@ import re
 
 from specbench.errors import SpecbenchError
 
-STATISTICAL_SOURCES = ("prompt-lookup", "maxgram")
-DISTILLED_PREFIX = "distilled:"
-BIGRAM_FILE = "bigram.json"
-EARLY_EXIT = "early-exit"
-TINY_SOURCES = ("tiny-llama", "tiny-t5")
-SMOLLM2_ALIAS = "smollm2-135m-instruct"
-
-# The options each kind of source passes to its loader (recipe ``options:``); any other is an error,
-# never silently dropped.
 # Placement (accelerate's big-model loading): where a model's layers go, how much each device may hold,
 # where offloaded weights wait.
 PLACEMENT_OPTIONS = ("device_map", "max_memory", "offload_folder")
@@ -31,73 +24,29 @@ LOADER_OPTIONS = (
     "trust_remote_code",
     "quantization",
 )
-SOURCE_OPTIONS = {
-    "statistical": ("max_ngram", "max_copy", "bigram", "variant", "decoder_start"),
-    "tiny": ("seed", "vocab_size", "hidden_size", "layers", "heads", "init_std"),
-    "smollm2": ("prefer", *LOADER_OPTIONS),
-    "early-exit": ("of", "layers", "exit_head"),
-    "pretrained": LOADER_OPTIONS,  # distilled drafters, .gguf files, local directories and hub ids
-}
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 ATTENTION = ("eager", "sdpa", "flash_attention_2", "flex_attention")
-SMOLLM2_PREFER = ("auto", "hub", "gguf")
-# specbench: Max-Gram as the paper describes it; reference: as the authors' code runs it
-MAXGRAM_VARIANTS = ("specbench", "reference")
+BOOLEAN_OPTIONS = ("trust_remote_code", "low_cpu_mem_usage")
 
 
-def source_kind(source: str) -> str:
-    """Which loader a ``source:`` string reaches: a key of :data:`SOURCE_OPTIONS`."""
-    if source in STATISTICAL_SOURCES:
-        return "statistical"
-    if source in TINY_SOURCES:
-        return "tiny"
-    if source == SMOLLM2_ALIAS:
-        return "smollm2"
-    if source == EARLY_EXIT:
-        return "early-exit"
-    return "pretrained"
-
-
-def option_problem(source: str, options: dict) -> tuple[str, str, str] | None:
-    """(option, problem, fix) for the first option ``source``'s loader does not take; None if all fit."""
-    takes = SOURCE_OPTIONS[source_kind(source)]
-    for name in sorted(options):
-        if name not in takes:
-            fix = f"use {', '.join(takes)}" if takes else "remove options: (this source takes none yet)"
-            return name, f"source {source!r} takes no option {name!r}", fix
-    if source == SMOLLM2_ALIAS and options.get("prefer", "auto") not in SMOLLM2_PREFER:
-        return (
-            "prefer",
-            f"prefer {options['prefer']!r} is not a SmolLM2 origin",
-            f"use {', '.join(SMOLLM2_PREFER)}",
-        )
+def option_bounds_problem(options: dict, bounds: dict) -> tuple[str, str, str] | None:
+    """(option, problem, fix) for a value outside ``bounds`` (option -> (type, lowest, highest)) or a
+    boolean option that is not true or false; None when all fit."""
     for name, value in sorted(options.items()):
-        bounds = OPTION_BOUNDS.get((source_kind(source), name))
-        if bounds is None:
+        if name not in bounds:
             continue
-        kind, low, high = bounds
+        kind, low, high = bounds[name]
         fits = isinstance(value, kind) and not isinstance(value, bool) and low <= value <= high
         if not fits:
             what = "an integer" if kind is int else "a number"
             return name, f"{name} {value!r} is out of range", f"use {what} from {low} to {high}"
-    for name in ("trust_remote_code", "low_cpu_mem_usage"):
+    for name in BOOLEAN_OPTIONS:
         if name in options and not isinstance(options[name], bool):
             return name, f"{name} {options[name]!r} is not true or false", f"write {name}: true or false"
-    problem = _placement_problem(options)
-    if problem:
-        return problem
-    tiny = {**TINY_DEFAULTS, **options} if source_kind(source) == "tiny" else None
-    if tiny and isinstance(tiny["hidden_size"], int) and isinstance(tiny["heads"], int):
-        if tiny["hidden_size"] % tiny["heads"]:
-            return (
-                "heads",
-                f"hidden_size {tiny['hidden_size']} is not a multiple of heads {tiny['heads']}",
-                "choose heads that divide hidden_size",
-            )
     return None
 
 
-def _placement_problem(options: dict) -> tuple[str, str, str] | None:
+def placement_problem(options: dict) -> tuple[str, str, str] | None:
     """(option, problem, fix) for a device_map, max_memory, attention or quantization value that
     accelerate or transformers would reject (or worse, misread); None when they fit."""
     device_map = options.get("device_map")
@@ -184,21 +133,3 @@ def parse_size(text, flag: str, per_second: bool = False) -> float:
         kind = "rate" if per_second else "size"
         raise SpecbenchError(flag, f"{text!r} is not a positive {kind}", f"write e.g. {example}")
     return float(match[1]) * _UNITS[match[2].lower()]
-
-
-# (kind, option) -> (type, lowest, highest): values a loader would take but cannot use
-OPTION_BOUNDS = {
-    ("tiny", "seed"): (int, 0, 2**63 - 1),
-    ("tiny", "vocab_size"): (int, 260, 262_144),  # the byte tokenizer's 260 ids must fit
-    ("tiny", "hidden_size"): (int, 1, 4096),
-    ("tiny", "layers"): (int, 1, 64),
-    ("tiny", "heads"): (int, 1, 64),
-    ("tiny", "init_std"): ((int, float), 1e-6, 10.0),
-    ("statistical", "max_ngram"): (int, 1, 1_000_000),
-    ("statistical", "max_copy"): (int, 1, 1_000_000),
-    ("statistical", "decoder_start"): (int, 0, 10_000_000),
-    ("early-exit", "layers"): (int, 1, 1000),
-}
-TINY_DEFAULTS = {"hidden_size": 32, "heads": 4}
-# sources with one fixed set of weights: a revision would be silently meaningless
-NO_REVISION = ("statistical", "tiny", "early-exit")

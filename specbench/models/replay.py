@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import torch
 
 from specbench.errors import SpecbenchError
-from specbench.models.base import ForwardCounter
+from specbench.models.base import ForwardCounter, Pass
 from specbench.models.hf import HFModel
 
 # the logit of y_i in its row (the rest are 0): argmax y_i, and softmax one-hot even in float16
@@ -80,8 +80,14 @@ class ReplayTarget:
         self._cached = min(self._cached, self._prefix_len + n_tokens)
         self._verified = min(self._verified, n_tokens)
 
-    def score(self, tokens: torch.Tensor, n_candidates: int) -> torch.Tensor:
+    def score(self, tokens: torch.Tensor, n_candidates: int, hidden=()) -> Pass:
         """Logits ``[n_candidates + 1, V]``: row i is zero but for y at position ``first + i``."""
+        if hidden:  # a replayed target computes no states; no method reads the target's
+            raise ReplayError(
+                f"replay of {self.name}",
+                "the method reads the target's hidden states",
+                "run it live (remove replay:)",
+            )
         started = self.counter.begin(self.device)
         first = tokens.shape[0] - n_candidates  # the position row 0 predicts: the committed length
         self._check_prefix(tokens, first)
@@ -96,7 +102,7 @@ class ReplayTarget:
         keep = min(self._cached, total - n_candidates - 1)
         self.counter.end(started, total - keep, self.device)
         self._cached = total
-        return logits
+        return Pass(logits)
 
     def _check_prefix(self, tokens: torch.Tensor, first: int) -> None:
         """The committed tokens must be y's: replayed rows depend on the position, not the tokens."""
@@ -139,7 +145,7 @@ class ReplayTarget:
         if self._shadow is None:  # own cache and counter, shared weights: the live model is untouched
             self._shadow = HFModel(self.live.model, self.name, self.tokenizer)
         self._shadow.start(self._prompt)
-        live = self._shadow.score(tokens, n_candidates)
+        live = self._shadow.score(tokens, n_candidates).logits
         self.live_passes += 1
         replayed = live.clone()  # rows up to the EOS replayed as everywhere else, the rest the target's
         replayed[: end - first] = 0

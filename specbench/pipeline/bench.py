@@ -22,14 +22,14 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from specbench import sources
 from specbench.decoding import autoregressive, hf_generate, speculative
 from specbench.decoding.generation import Generation, Stopwatch, truncate_at_eos
-from specbench.decoding.sampling import SamplingParams
 from specbench.drafters.maxgram import MaxGramDrafter
 from specbench.errors import SpecbenchError
-from specbench.models import registry
 from specbench.models.base import ModelDrafter
 from specbench.models.compiled import ENGINES, CompiledHFModel
+from specbench.models.sampling import SamplingParams
 from specbench.pipeline.numerics import divergence_fields
 from specbench.pipeline.rows import divergence
 from specbench.tasks import get_task, render_prompt
@@ -101,11 +101,11 @@ def run_bench(
     if drafter_source == "same":
         drafter_source, drafter_options = target_source, target_options
     with console.status(f"loading {target_source}"):
-        target = registry.load(
-            registry.ModelRequest("target", target_source, dtype, device, options=_items(target_options))
+        target = sources.load(
+            sources.ModelRequest("target", target_source, dtype, device, options=_items(target_options))
         )
-        draft_model = registry.load(
-            registry.ModelRequest(
+        draft_model = sources.load(
+            sources.ModelRequest(
                 "drafter", drafter_source, dtype, device, options=_items(drafter_options or {})
             )
         )

@@ -32,15 +32,16 @@ from dataclasses import dataclass
 import torch
 from rich.console import Console
 
+from specbench import sources
 from specbench.decoding.generation import Generation, first_difference
-from specbench.decoding.sampling import SamplingParams
 from specbench.errors import SpecbenchError
 from specbench.methods import METHODS, Request
-from specbench.models import registry
+from specbench.models.cache import DISTILLED_PREFIX
 from specbench.models.compiled import CompiledHFModel
+from specbench.models.costs import cell_costs
 from specbench.models.hf import HFModel
 from specbench.models.replay import ReplayError, ReplayTarget
-from specbench.pipeline.costs import cell_costs
+from specbench.models.sampling import SamplingParams
 from specbench.pipeline.datasets import DatasetRun
 from specbench.pipeline.environment import gpu_sample, now, peak_memory_mb, reset_peak_memory
 from specbench.pipeline.numerics import divergence_fields
@@ -53,14 +54,14 @@ def _hash(*parts: str) -> str:
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:16]
 
 
-def _model_request(recipe: Recipe, name: str) -> registry.ModelRequest:
+def _model_request(recipe: Recipe, name: str) -> sources.ModelRequest:
     spec = recipe.models[name]
     options = dict(spec.options or {})
     bigram = options.get("bigram")
-    if isinstance(bigram, str) and not bigram.startswith(("/", "~", "$", registry.DISTILLED_PREFIX)):
+    if isinstance(bigram, str) and not bigram.startswith(("/", "~", "$", DISTILLED_PREFIX)):
         options["bigram"] = str(recipe.path.parent / bigram)  # a recipe's paths start at its folder
     options = tuple(sorted(options.items()))
-    return registry.ModelRequest(
+    return sources.ModelRequest(
         name, spec.source, spec.dtype, spec.device, spec.revision, options, recipe.engine_of(name)
     )
 
@@ -108,7 +109,7 @@ class Measurer:
         if name not in self.models:
             with self.console.status(f"loading model {name} ({self.recipe.models[name].source})"):
                 with self._blame(f"models.{name}"):
-                    self.models[name] = registry.load(_model_request(self.recipe, name), self.model)
+                    self.models[name] = sources.load(_model_request(self.recipe, name), self.model)
         return self.models[name]
 
     @contextlib.contextmanager

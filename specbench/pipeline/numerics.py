@@ -67,10 +67,10 @@ def next_token_logits(target, prompt_ids: torch.Tensor, prefix: torch.Tensor) ->
     over prompt and prefix (``batch``) and a token a pass from the prompt on (``incremental``)."""
     with counter_kept(target.counter):
         target.start(prompt_ids)
-        batch = target.score(prefix, 0)[-1]  # the cache is empty: one pass feeds prompt + prefix
+        batch = target.score(prefix, 0).logits[-1]  # the cache is empty: one pass feeds prompt + prefix
         target.start(prompt_ids)
         for j in range(prefix.shape[0] + 1):  # the prompt's pass, then one token each, as AR decodes
-            incremental = target.score(prefix[:j], 0)[-1]
+            incremental = target.score(prefix[:j], 0).logits[-1]
     return {"batch": batch, "incremental": incremental}
 
 

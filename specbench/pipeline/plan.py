@@ -36,7 +36,7 @@ from pathlib import Path
 
 import yaml
 
-from specbench.models import facts as model_facts
+from specbench import sources
 from specbench.pipeline import placement
 from specbench.pipeline.placement import GiB
 from specbench.pipeline.results import CELLS, EXAMPLES, RESOLVED_RECIPE, read_examples
@@ -174,7 +174,7 @@ def build_plan(
     for name, spec in recipe.models.items():  # an early exit runs its base model's weights
         if spec.source == "early-exit" and spec.options.get("of") in dtypes:
             dtypes[name] = dtypes[spec.options["of"]]
-    facts = {name: model_facts.model_facts(name, recipe.models, dtypes[name]) for name in recipe.models}
+    facts = {name: sources.model_facts(name, recipe.models, dtypes[name]) for name in recipe.models}
     models = []
     for fact in facts.values():
         kv = fact.kv_bytes_per_token * sequence
@@ -401,18 +401,17 @@ def probe(recipe, passes: int = 8) -> dict[str, float]:
     """ms per decoding pass of every neural recipe model, loaded on its device (``--probe``)."""
     import torch
 
-    from specbench.models import registry
-
     loaded, times = {}, {}
-    order = sorted(recipe.models, key=lambda n: recipe.models[n].source == registry.EARLY_EXIT)
+    # a model built on another recipe model's weights (early exit) loads after it
+    order = sorted(recipe.models, key=lambda n: sources.source_of(recipe.models[n].source).dtype_rule is None)
     for name in order:
         spec = recipe.models[name]
-        if spec.source in registry.STATISTICAL_SOURCES:
+        if not sources.source_of(spec.source).neural:
             continue
-        request = registry.ModelRequest(
+        request = sources.ModelRequest(
             name, spec.source, spec.dtype, spec.device, spec.revision, tuple(sorted(spec.options.items()))
         )
-        model = loaded[name] = registry.load(request, resolve=loaded.__getitem__)
+        model = loaded[name] = sources.load(request, resolve=loaded.__getitem__)
         generator = torch.Generator().manual_seed(0)
         ids = torch.randint(4, min(model.vocab_size, 256), (32 + passes + 1,), generator=generator)
         model.start(ids[:32])

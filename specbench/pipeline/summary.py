@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from specbench.pipeline.costs import swi, weighted_passes
+from specbench.models.costs import swi, weighted_passes
 from specbench.pipeline.results import CELLS, write_atomic
 from specbench.pipeline.statistics import (
     BOOTSTRAP_RESAMPLES,

@@ -184,9 +184,9 @@ def _from_hub(task: Task, split: str):
     if _offline():
         raise SpecbenchError(f"task {task.name}", f"hub dataset {task.hub_id} is unavailable offline", fix)
     # Unreachable, datasets retries for ~25 s before failing; a 3 s socket probe fails fast instead.
-    from specbench.models.registry import hub_reachable
+    from specbench.models import cache
 
-    if not hub_reachable():
+    if not cache.hub_reachable():
         raise SpecbenchError(
             f"task {task.name}", f"could not reach the Hugging Face Hub ({task.hub_id})", fix
         )

@@ -83,7 +83,7 @@ app()
 
 # (id, function, n-th call, when, resume first): at least 10 points across a run's life
 POINTS = [
-    ("loading the target", "specbench.models.registry:load", 1, "before", False),
+    ("loading the target", "specbench.sources:load", 1, "before", False),
     ("during the first row", "specbench.pipeline.runner:Runner._generate", 1, "after", False),
     ("a torn first row", "os:write", 1, "half", False),
     ("after the first append", "specbench.pipeline.results:ExampleLog.append", 1, "after", False),

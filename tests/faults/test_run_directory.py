@@ -181,22 +181,23 @@ def test_a_recipes_bigram_path_starts_at_the_recipes_folder(tmp_path: Path):
 def test_out_of_memory_while_loading_is_one_line(monkeypatch):
     import torch
 
-    from specbench.models import registry, tiny
+    from specbench import sources
+    from specbench.models import tiny
 
     def exhausted(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 GiB")
 
     monkeypatch.setattr(tiny, "build_tiny", exhausted)
     with pytest.raises(SpecbenchError, match=r"models.big: out of memory while loading tiny-llama"):
-        registry.load(registry.ModelRequest("big", "tiny-llama"))
+        sources.load(sources.ModelRequest("big", "tiny-llama"))
 
 
 def test_a_drafter_with_another_tokenizer_fails_before_the_first_row(tmp_path: Path, monkeypatch):
     import copy
 
-    from specbench.models import registry
+    from specbench import sources
 
-    real = registry.load
+    real = sources.load
 
     def load(request, resolve=None):
         model = real(request, resolve)
@@ -205,7 +206,7 @@ def test_a_drafter_with_another_tokenizer_fails_before_the_first_row(tmp_path: P
             model.tokenizer.get_vocab = lambda: {"<other>": 0}
         return model
 
-    monkeypatch.setattr(registry, "load", load)
+    monkeypatch.setattr(sources, "load", load)
     out = tmp_path / "out"
     result = runner.invoke(app, ["run", str(TINY), "-o", str(out)])
     message = " ".join(result.output.split())

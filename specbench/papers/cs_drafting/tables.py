@@ -27,10 +27,10 @@ import pandas as pd
 import yaml
 
 from specbench.papers.base import MISSING, Run, View, best, num
+from specbench.sources import source_of
 
 SOURCE_ROLES = {"flan-t5-small": "SMALL", "flan-t5-base": "BASE", "maxgram": "MAG"}
 NAME_ROLES = {"base": "BASE", "small": "SMALL", "mag": "MAG"}
-STATISTICAL_SOURCES = ("prompt-lookup", "maxgram")
 
 
 @functools.lru_cache(maxsize=1)
@@ -47,7 +47,7 @@ def role(run: Run, name: str) -> str | None:
 
 
 def statistical(run: Run, name: str) -> bool:
-    return run.source(name) in STATISTICAL_SOURCES
+    return not source_of(run.source(name)).neural
 
 
 # -- matching ------------------------------------------------------------------------------------

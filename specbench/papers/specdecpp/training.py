@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from specbench.drafters import distill
+from specbench import sources
 from specbench.drafters.acceptance_head import (
     AcceptanceHead,
     head_dir,
@@ -45,14 +45,17 @@ from specbench.drafters.acceptance_head import (
     slug,
 )
 from specbench.errors import SpecbenchError
-from specbench.models import registry
+from specbench.models import cache
+from specbench.models.cache import DISTILLED_PREFIX
+from specbench.sources.smollm2 import ALIAS as SMOLLM2_ALIAS
+from specbench.training import distill
 
-DEFAULT_DRAFTER = f"{registry.DISTILLED_PREFIX}{registry.SMOLLM2_ALIAS}/small"
+DEFAULT_DRAFTER = f"{DISTILLED_PREFIX}{SMOLLM2_ALIAS}/small"
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    target: str = registry.SMOLLM2_ALIAS
+    target: str = SMOLLM2_ALIAS
     drafter: str = DEFAULT_DRAFTER
     target_options: dict = field(default_factory=dict)
     drafter_options: dict = field(default_factory=dict)
@@ -255,14 +258,14 @@ def train_head(
 
 
 def _load(role: str, source: str, options: dict, config: TrainConfig):
-    request = registry.ModelRequest(
+    request = sources.ModelRequest(
         role,
         source,
         dtype=config.dtype,
         device=config.device,
         options=tuple(sorted(options.items())),
     )
-    model = registry.load(request)
+    model = sources.load(request)
     if not hasattr(model, "model") or model.is_encoder_decoder:
         raise SpecbenchError(
             f"--target/--drafter {source}",
@@ -287,15 +290,13 @@ def target_responses(target, config: TrainConfig, progress) -> list[Example]:
         teacher = distill.TeacherConfig(
             config.target, max_new_tokens=config.max_new_tokens, data_dir=config.data_dir
         )
-        cached = (
-            registry.cache_dir() / "distill" / distill._slug(config.target) / f"teacher-{teacher.key()}.pt"
-        )
+        cached = cache.cache_dir() / "distill" / distill._slug(config.target) / f"teacher-{teacher.key()}.pt"
         if config.prompts <= teacher.generate and cached.is_file():
             rows = torch.load(cached, weights_only=True)[: teacher.generate]
             pairs = [Example(r["ids"][: r["start"]], r["ids"][r["start"] :]) for r in rows]
             return [pairs[i] for i in _subset(len(pairs), config.prompts, config.seed)]
     key = config.data_key(distill._data_fingerprint(config.data_dir))
-    path = registry.cache_dir() / "specdecpp" / slug(config.target) / f"responses-{key}.pt"
+    path = cache.cache_dir() / "specdecpp" / slug(config.target) / f"responses-{key}.pt"
     if path.is_file():
         return [Example(**row) for row in torch.load(path, weights_only=True)]
     prompts = [distill._prompt_ids(target, e) for e in _prompt_examples(target, config)]
@@ -350,7 +351,7 @@ def train(config: TrainConfig, progress) -> Path:
     started = time.perf_counter()
     fingerprint = distill._data_fingerprint(config.data_dir)
     cached = (
-        registry.cache_dir()
+        cache.cache_dir()
         / "specdecpp"
         / slug(config.target)
         / slug(config.drafter)

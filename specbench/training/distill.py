@@ -34,10 +34,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specbench import sources
 from specbench.drafters import draft_vocab
 from specbench.drafters.early_exit import EXIT_HEAD_FILE, ExitHead, early_exit_model
 from specbench.errors import SpecbenchError
-from specbench.models import registry
+from specbench.models import cache
+from specbench.sources.smollm2 import ALIAS as SMOLLM2_ALIAS
 from specbench.tasks import get_task, render_prompt
 
 # (task, split): the training sources. Evaluation splits (GSM8K test, MMLU test, Spec-Bench) never appear.
@@ -47,7 +49,7 @@ TEACHER_FORCE_FROM = (("gsm8k", "train"),)
 
 @dataclass(frozen=True)
 class TeacherConfig:
-    target: str = registry.SMOLLM2_ALIAS
+    target: str = SMOLLM2_ALIAS
     generate: int = 800  # prompts whose greedy continuation the target generates
     max_new_tokens: int = 128
     teacher_forced: int = 1200  # GSM8K train reference answers scored by the target
@@ -244,7 +246,7 @@ def _answer_ids(target, example, answer: str) -> tuple[torch.Tensor, torch.Tenso
 
 def teacher_data(target, config: TeacherConfig, progress) -> list[Sequence]:
     """The cached teacher data for ``config`` (built once with the target, then read from disk)."""
-    path = registry.cache_dir() / "distill" / _slug(config.target) / f"teacher-{config.key()}.pt"
+    path = cache.cache_dir() / "distill" / _slug(config.target) / f"teacher-{config.key()}.pt"
     if path.is_file():
         return [Sequence(**row) for row in torch.load(path, weights_only=True)]
     generated = []
@@ -447,7 +449,7 @@ def evaluate(student: nn.Module, sequences: list[Sequence], batch_tokens: int = 
 
 def save_student(student: nn.Module, target, size: str, record: dict, vocab=None) -> Path:
     """``save_pretrained`` (or the exit head alone) into ``<cache>/drafters/<target>/<size>``."""
-    out = registry.distilled_dir(f"{_slug(record['teacher']['target'])}/{size}")
+    out = cache.distilled_dir(f"{_slug(record['teacher']['target'])}/{size}")
     staging = out.with_name(out.name + ".tmp")
     staging.mkdir(parents=True, exist_ok=True)
     if size.startswith("exit"):
@@ -474,7 +476,7 @@ def distill(
     teacher: TeacherConfig, students: list[StudentConfig], progress, held_out_fraction: float = 0.04
 ) -> list[Path]:
     """Build (or read) the teacher data, then train and save each student; returns their folders."""
-    target = registry.load(registry.ModelRequest("target", teacher.target, dtype="float32", device="cpu"))
+    target = sources.load(sources.ModelRequest("target", teacher.target, dtype="float32", device="cpu"))
     data = teacher_data(target, teacher, progress)
     split = torch.randperm(len(data), generator=torch.Generator().manual_seed(1234)).tolist()
     n_held = max(1, round(held_out_fraction * len(data)))

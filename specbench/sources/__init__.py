@@ -1,0 +1,254 @@
+"""Model sources: what a recipe's ``source:`` names, and the registry that turns it into a model.
+
+Every module of this package that defines a kind of source declares it next to its loader, as a
+module-level ``SOURCE = Source(...)``: which ``source:`` strings it recognises, the options it takes
+with their bounds, how it loads, what it costs before it loads (the size facts ``plan`` reads), and
+its rule for ``dtype: auto``. :data:`SOURCES` collects them the first time it is read, in their
+``order``, so a new kind of drafter or head is one new module here plus its tests, and nothing else
+in specbench asks which kind a source is.
+
+The kinds, in the order they are tried: statistical (``prompt-lookup``, ``maxgram``), tiny
+(``tiny-llama``, ``tiny-t5``), SmolLM2 (``smollm2-135m-instruct``), distilled
+(``distilled:<target>/<size>``), early exit (``early-exit``), a ``.gguf`` file, a local directory, and
+last a Hugging Face Hub id (``org/name``; offline it must already be in the local cache).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import pkgutil
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from specbench.errors import SpecbenchError
+from specbench.models.options import option_bounds_problem, placement_problem
+
+if TYPE_CHECKING:
+    from specbench.models.facts import ModelFacts
+    from specbench.models.hf import HFModel
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    name: str  # the recipe's name for this model (used in counters and results)
+    source: str
+    dtype: str = "auto"
+    device: str = "auto"
+    revision: str | None = None
+    options: tuple = ()  # sorted (key, value) pairs
+    engine: str = "eager"  # or "compiled" (specbench.models.compiled)
+
+    @property
+    def opts(self) -> dict:
+        return dict(self.options)
+
+
+@dataclass
+class LoadContext:
+    """What a source's loader is handed: the request, the recipe's other models, and (for sources with
+    weights) the device and dtype the registry resolved."""
+
+    request: ModelRequest
+    resolve: Callable[[str], Any] | None = None  # another recipe model by name, already loaded
+    device: Any = None  # torch.device
+    dtype: Any = None  # torch.dtype
+
+    @property
+    def where(self) -> str:
+        return f"models.{self.request.name}"
+
+
+@dataclass(frozen=True)
+class Weights:
+    """A loaded transformers module, before the registry places it and wraps it in its engine."""
+
+    module: Any
+    tokenizer: Any
+    origin: str  # where the weights came from, recorded in environment.json
+
+
+# (option, problem, fix) or None
+Problem = tuple[str, str, str] | None
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str
+    help: str
+    matches: Callable[[str], bool]
+    # load(context) -> Weights (the registry moves them to the device and wraps them in the request's
+    # engine) or a finished model or drafter
+    load: Callable[[LoadContext], Any]
+    # facts(name, models, dtype) -> ModelFacts: sizes before loading (models: the recipe's ModelSpecs)
+    facts: Callable[[str, Mapping, str], ModelFacts]
+    options: tuple[str, ...] = ()
+    # option -> (type, lowest, highest): values a loader would take but cannot use
+    bounds: Mapping[str, tuple] = field(default_factory=dict)
+    check: Callable[[str, dict], Problem] | None = None  # a rule across options
+    order: int = 50  # tried from lowest to highest; the hub id, which takes any name, is last
+    neural: bool = True  # a model with weights (an engine applies), not a statistical drafter
+    fixed_weights: bool = False  # one set of weights: a revision would be silently meaningless
+    # what dtype: auto means (specbench.models.devices.dtype_choice): "auto" (bfloat16 where the
+    # device computes it fast) or "float32"; None: no dtype of its own (statistical drafters; early exit
+    # runs in its base model's)
+    dtype_rule: str | None = "auto"
+
+
+class SourceRegistry(Mapping):
+    """Kind -> :class:`Source`, filled on first use from every module of this package that declares
+    ``SOURCE``; iterated in recognition order."""
+
+    def __init__(self, package: str = __name__):
+        self._package = package
+        self._sources: dict[str, Source] | None = None
+
+    def _loaded(self) -> dict[str, Source]:
+        if self._sources is None:
+            package = importlib.import_module(self._package)
+            found: list[Source] = []
+            for info in pkgutil.iter_modules(package.__path__):
+                source = getattr(importlib.import_module(f"{self._package}.{info.name}"), "SOURCE", None)
+                if source is not None:
+                    if any(s.kind == source.kind for s in found):
+                        raise RuntimeError(f"source kind {source.kind!r} is declared twice ({info.name})")
+                    found.append(source)
+            self._sources = {s.kind: s for s in sorted(found, key=lambda s: (s.order, s.kind))}
+        return self._sources
+
+    def __getitem__(self, kind: str) -> Source:
+        return self._loaded()[kind]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loaded())
+
+    def __len__(self) -> int:
+        return len(self._loaded())
+
+    def of(self, source: str) -> Source:
+        """The kind that recognises ``source`` (the hub id takes whatever no other kind does)."""
+        return next(s for s in self._loaded().values() if s.matches(source))
+
+
+SOURCES = SourceRegistry()
+
+
+def source_of(source: str) -> Source:
+    return SOURCES.of(source)
+
+
+def option_problem(source: str, options: dict) -> Problem:
+    """(option, problem, fix) for the first option ``source``'s kind does not take or cannot use; None
+    when all fit. Checked when a recipe is validated, before anything loads."""
+    kind = source_of(source)
+    for name in sorted(options):
+        if name not in kind.options:
+            fix = (
+                f"use {', '.join(kind.options)}"
+                if kind.options
+                else "remove options: (this source takes none)"
+            )
+            return name, f"source {source!r} takes no option {name!r}", fix
+    problem = option_bounds_problem(options, kind.bounds) or placement_problem(options)
+    if problem is None and kind.check is not None:
+        problem = kind.check(source, options)
+    return problem
+
+
+def dtype_choice(dtype: str, device, source: str = "") -> tuple[str, str]:
+    """(dtype name, why) for a model's ``dtype:`` on ``device`` under its source's rule."""
+    from specbench.models import devices
+
+    rule = source_of(source).dtype_rule if source else "auto"
+    return devices.dtype_choice(rule or "auto", dtype, device)
+
+
+def model_facts(name: str, models: Mapping, dtype: str) -> ModelFacts:
+    """What the recipe model ``name`` costs before it loads (``models``: the recipe's ModelSpecs) at
+    ``dtype``; with a bitsandbytes ``quantization`` option, its linear layers at 4 or 8 bits
+    (embeddings, head and norms stay at ``dtype``)."""
+    from specbench.models.facts import DTYPE_BYTES
+
+    fact = source_of(models[name].source).facts(name, models, dtype)
+    quantization = models[name].options.get("quantization") or {}
+    bits = 4 if quantization.get("load_in_4bit") else 8 if quantization.get("load_in_8bit") else None
+    if bits and fact.numels:
+        size = DTYPE_BYTES[dtype]
+        kept = sum(n for key, n in fact.numels.items() if re.search(r"embed|lm_head|norm|shared", key))
+        fact.weight_bytes = kept * size + math.ceil((fact.params - kept) * bits / 8)
+        fact.origin += f", {bits}-bit linear layers"
+    return fact
+
+
+def load(request: ModelRequest, resolve=None):
+    """Load one recipe model: an :class:`HFModel` (with ``.tokenizer``, ``.origin`` and
+    ``.dtype_reason``) or a statistical drafter.
+
+    ``resolve(name)`` returns another recipe model, already loaded (sources such as ``early-exit``
+    build on the target's own weights).
+    """
+    kind = source_of(request.source)
+    problem = option_problem(request.source, request.opts)
+    if problem:
+        option, text, fix = problem
+        raise SpecbenchError(f"models.{request.name}.options.{option}", text, fix)
+    context = LoadContext(request, resolve)
+    if kind.dtype_rule is None:
+        return kind.load(context)
+    import torch
+
+    from specbench.models import devices
+
+    context.device = devices.resolve_device(request.device)
+    dtype_name, dtype_reason = devices.dtype_choice(kind.dtype_rule, request.dtype, context.device)
+    context.dtype = devices.DTYPES[dtype_name]
+    try:
+        loaded = kind.load(context)
+    except (torch.OutOfMemoryError, MemoryError) as error:
+        raise _out_of_memory(request, error) from None
+    except RuntimeError as error:
+        if "alloc" not in str(error).lower() and "out of memory" not in str(error).lower():
+            raise
+        raise _out_of_memory(request, error) from None
+    if isinstance(loaded, Weights):
+        placed = any(name in request.opts for name in ("device_map", "quantization"))  # by accelerate
+        module = loaded.module if placed else loaded.module.to(context.device)
+        model = wrap(request, module, loaded.tokenizer)
+        model.origin = loaded.origin
+    else:
+        model = loaded
+    model.dtype_reason = dtype_reason
+    return model
+
+
+def _out_of_memory(request: ModelRequest, error: BaseException) -> SpecbenchError:
+    return SpecbenchError(
+        f"models.{request.name}",
+        f"out of memory while loading {request.source} ({str(error).splitlines()[0][:120]})",
+        "use a smaller model or dtype, or a device with more memory",
+    )
+
+
+def wrap(request: ModelRequest, module, tokenizer) -> HFModel:
+    """A loaded module behind the interface of the request's engine."""
+    from specbench.models.hf import HFModel
+
+    if request.engine == "eager":
+        return HFModel(module, request.name, tokenizer)
+    from specbench.models.compiled import CompiledHFModel
+
+    if module.config.is_encoder_decoder:
+        raise SpecbenchError(
+            f"models.{request.name}.engine",
+            "the compiled engine serves decoder-only models (this one is an encoder-decoder)",
+            "use engine: eager for this model",
+        )
+    if getattr(module, "hf_device_map", None) and len(set(module.hf_device_map.values())) > 1:
+        raise SpecbenchError(
+            f"models.{request.name}.engine",
+            "the compiled engine runs a model on one device (this one is split by device_map)",
+            "use engine: eager for a split model, or place it on one device",
+        )
+    return CompiledHFModel(module, request.name, tokenizer)

@@ -1,0 +1,59 @@
+"""A Hugging Face Hub id (``org/name``): the local Hugging Face cache first, which works offline; the
+Hub when it answers; else one line saying how to get the model here."""
+
+from __future__ import annotations
+
+from specbench.errors import SpecbenchError
+from specbench.models import cache
+from specbench.models.options import LOADER_OPTIONS
+from specbench.sources import LoadContext, Source, Weights
+from specbench.sources import checkpoints as ckpt
+
+KNOWN_ALIASES = ("tiny-llama", "tiny-t5", "smollm2-135m-instruct")
+
+
+def load_hub(name: str, hub_id: str, dtype, revision: str | None, loader=None) -> Weights:
+    where = f"models.{name}.source"
+    if not ckpt.is_hub_id(hub_id):
+        raise SpecbenchError(
+            where,
+            f"{hub_id!r} is neither an existing directory, a .gguf file, an alias nor a hub id",
+            f"use a local path, an 'org/name' hub id, or one of {', '.join(KNOWN_ALIASES)}",
+        )
+    try:  # a copy already in the local Hugging Face cache works offline
+        model, tokenizer = ckpt.from_pretrained(
+            hub_id, dtype, loader, revision=revision, local_files_only=True
+        )
+        return Weights(model, tokenizer, f"hub-cache:{hub_id}")
+    except OSError:
+        pass
+    if not cache.hub_reachable():
+        raise SpecbenchError(
+            where,
+            f"hub model {hub_id!r} is not in the local Hugging Face cache and the Hub is unreachable",
+            "download it on a connected machine (hf download) or point source at a local directory",
+        )
+    model, tokenizer = ckpt.from_pretrained(hub_id, dtype, loader, revision=revision)
+    return Weights(model, tokenizer, f"hub:{hub_id}")
+
+
+def _load(context: LoadContext) -> Weights:
+    request = context.request
+    loader = ckpt.loader_options(request.opts)
+    return load_hub(request.name, request.source, context.dtype, request.revision, loader)
+
+
+def _facts(name, models, dtype):
+    spec = models[name]
+    return ckpt.hub_facts(name, spec.source, spec.source, spec.revision, dtype)
+
+
+SOURCE = Source(
+    "hub",
+    "a Hugging Face Hub id, org/name (offline: from the local Hugging Face cache)",
+    matches=lambda source: True,
+    load=_load,
+    facts=_facts,
+    options=LOADER_OPTIONS,
+    order=100,
+)
