@@ -33,6 +33,7 @@ from transformers import StaticCache
 
 from specbench.models.base import Layer, Pass, pick_hidden
 from specbench.models.hf import HFModel
+from specbench.models.tree import TokenTree, tree_attention, tree_positions
 
 ENGINES = ("eager", "compiled")
 
@@ -187,6 +188,53 @@ class CompiledHFModel(HFModel):
         self.counter.end(started, fed, self.device)
         self._cached = total
         return Pass(logits, states)
+
+    @torch.inference_mode()
+    def score_tree(self, tokens: torch.Tensor, tree: TokenTree, hidden: tuple[Layer, ...] = ()) -> Pass:
+        """:meth:`HFModel.score_tree` on the static cache: the nodes' entries are written after the
+        committed positions, and the mask spans the whole cache (what lies past them is masked). The
+        pass runs eagerly: trees are not among the compiled shapes yet."""
+        tokens, nodes = tokens.to(self.device), tree.tokens.to(self.device)
+        total = self._prefix.shape[0] + tokens.shape[0]
+        if total + len(tree) + self.buckets[-1] > self.capacity:
+            self._reserve(total + len(tree), self.buckets)
+        keep = min(self._cached, total - 1)
+        committed = torch.cat([self._prefix, tokens])[keep:]
+        fed = committed.shape[0] + len(tree)
+        dtype = self.model.get_input_embeddings().weight.dtype
+        mask = torch.full((1, 1, fed, self.capacity), torch.finfo(dtype).min, dtype=dtype, device=self.device)
+        mask[..., : keep + fed] = tree_attention(committed.shape[0], keep, tree, dtype, self.device)
+        self._point(keep)
+        started = self.counter.begin(self.device)
+        output = self.model(
+            input_ids=torch.cat([committed, nodes])[None],
+            attention_mask=mask,
+            position_ids=tree_positions(total, committed.shape[0], tree, self.device),
+            **{self._cache_argument: self._cache},
+            use_cache=True,
+            logits_to_keep=len(tree) + 1,
+            output_hidden_states=bool(hidden),
+        )
+        self._held += fed
+        self.counter.end(started, fed, self.device)
+        rows = slice(-(len(tree) + 1), None)
+        states = pick_hidden(output.hidden_states, hidden, rows, self.name) if hidden else {}
+        self._cached = total
+        self._tree = (total, len(tree))
+        return Pass(output.logits[0, rows], states)
+
+    @torch.inference_mode()
+    def keep_path(self, path: list[int]) -> None:
+        """Copy the accepted nodes' entries next to the committed ones, in place (the graphs are
+        guarded on the cache tensors' addresses), and move the pointer behind them."""
+        start, _ = self._tree
+        if path:
+            where = torch.tensor([start + node for node in path], device=self.device)
+            for layer in self._cache.layers:
+                layer.keys[..., start : start + len(path), :] = layer.keys.index_select(-2, where)
+                layer.values[..., start : start + len(path), :] = layer.values.index_select(-2, where)
+        self._point(start + len(path))
+        self._cached = start + len(path)
 
     # -- passes -------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
 from specbench.models.base import ForwardCounter, Layer, Pass, pick_hidden
+from specbench.models.tree import TokenTree, tree_attention, tree_positions
 
 
 class HFModel:
@@ -37,6 +38,7 @@ class HFModel:
         self._encoder_outputs = None
         self._cache = None
         self._cached = 0
+        self._tree: tuple[int, int] = (0, 0)  # (first position, nodes) of the last scored tree
 
     def eos_token_ids(self) -> list[int]:
         """Every id that ends a generation: the generation config's and the tokenizer's EOS."""
@@ -106,6 +108,58 @@ class HFModel:
             states = pick_hidden(every, hidden, slice(-(n_candidates + 1), None), self.name)
         self._cached = total
         return Pass(logits, states)
+
+    @torch.inference_mode()
+    def score_tree(self, tokens: torch.Tensor, tree: TokenTree, hidden: tuple[Layer, ...] = ()) -> Pass:
+        """One forward pass over the committed tokens the cache lacks and every node of ``tree`` under
+        tree attention: logits ``[len(tree) + 1, V]``, row 0 after ``tokens``, row i + 1 after node i
+        (and the ``hidden`` layers' states at the same positions). The nodes' entries stay in the cache
+        until :meth:`keep_path` keeps one path of them."""
+        if self.is_encoder_decoder:
+            raise ValueError(f"{self.name}: tree verification serves decoder-only models")
+        tokens, nodes = tokens.to(self.device), tree.tokens.to(self.device)
+        total = self._prefix.shape[0] + tokens.shape[0]
+        keep = min(self._cached, total - 1)
+        held = self._cache.get_seq_length()
+        if held > keep:
+            self._cache.crop(keep - held)
+        committed = torch.cat([self._prefix, tokens])[keep:]
+        fed = committed.shape[0] + len(tree)
+        dtype = self.model.get_input_embeddings().weight.dtype
+        kwargs = {
+            self._cache_argument: self._cache,
+            "use_cache": True,
+            "input_ids": torch.cat([committed, nodes])[None],
+            "attention_mask": tree_attention(committed.shape[0], keep, tree, dtype, self.device),
+            "position_ids": tree_positions(total, committed.shape[0], tree, self.device),
+        }
+        if self._keeps_logits:
+            kwargs["logits_to_keep"] = len(tree) + 1
+        if hidden:
+            kwargs["output_hidden_states"] = True
+        started = self.counter.begin(self.device)
+        output = self.model(**kwargs)
+        self.counter.end(started, fed, self.device)
+        rows = slice(-(len(tree) + 1), None)
+        states = pick_hidden(output.hidden_states, hidden, rows, self.name) if hidden else {}
+        self._cached = total
+        self._tree = (total, len(tree))
+        return Pass(output.logits[0, rows], states)
+
+    @torch.inference_mode()
+    def keep_path(self, path: list[int]) -> None:
+        """After :meth:`score_tree`: keep the entries of the tree nodes ``path`` (root to leaf) as the
+        positions after the committed tokens, and forget the other nodes'."""
+        start, _ = self._tree
+        if path:
+            where = torch.tensor([start + node for node in path], device=self.device)
+            for layer in self._cache.layers:
+                layer.keys[..., start : start + len(path), :] = layer.keys.index_select(-2, where)
+                layer.values[..., start : start + len(path), :] = layer.values.index_select(-2, where)
+        extra = self._cache.get_seq_length() - (start + len(path))
+        if extra:
+            self._cache.crop(-extra)
+        self._cached = start + len(path)
 
 
 def input_device(model: PreTrainedModel) -> torch.device:

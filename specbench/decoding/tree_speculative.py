@@ -1,0 +1,262 @@
+"""Speculative decoding with token trees: the drafter proposes a tree, the target verifies every node
+in ONE forward pass under tree attention, and the longest accepted path plus one token is committed.
+
+* **Drafting** (:func:`draft_tree`): a neural drafter grows the tree a depth at a time, one drafter
+  pass per depth over the tree so far (tree attention in the drafter too). Every expanded node gets
+  ``branch`` children; of the new depth's nodes, the ``frontier`` most probable by path probability
+  (the product of the draft probabilities along the path, EAGLE-2's "value", Li et al., EMNLP 2024)
+  are expanded next. Greedy: a node's children are its ``branch`` most probable tokens, and at the end
+  the ``nodes`` most probable nodes are kept (EAGLE-2's reranking; the kept set holds every ancestor of
+  a kept node). Sampled: the children are drawn *without replacement* from the drafter's distribution
+  (Gumbel top-k, in draw order) and no node is dropped afterwards, which is what the sampled rule
+  below needs to be exact.
+* **Greedy verification** (:func:`verify_greedy`): from the root, follow the child whose token is the
+  target's greedy choice while one exists; the target's choice after the last followed node is the
+  bonus. The output is the target's greedy output token for token.
+* **Sampled verification** (:func:`verify_sampled`): recursive rejection sampling (Jeon et al.,
+  "Recursive Speculative Decoding", 2024; SpecInfer's multi-step speculative sampling, Miao et al.,
+  ASPLOS 2024, is the same walk for children drawn with replacement): at a node with target
+  distribution p and children x_1, x_2, ... drawn without replacement from q, accept x_i with
+  probability min(1, p(x_i) / q(x_i)); on rejection p <- norm(max(0, p - q)) and q <- q without x_i,
+  renormalised; when no child is accepted, draw from p. The committed tokens follow the target's law.
+
+Counts: a step is one target pass over the tree's nodes (plus the committed token the cache lacks);
+``steps`` record (the tree's depth, the accepted path's length), the chain methods' (k, n).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specbench.decoding.generation import Generation, Stopwatch, eos_set, truncate_at_eos
+from specbench.methods import Method, ParamSpec, Request, always
+from specbench.models.hf import HFModel
+from specbench.models.sampling import SamplingParams, greedy_token, sample
+from specbench.models.tree import ROOT, TokenTree
+
+RULE_GREEDY = "greedy tree walk"
+RULE_SAMPLED = "recursive rejection sampling (Jeon et al. 2024)"
+
+
+def draft_tree(
+    drafter: HFModel,
+    tokens: torch.Tensor,
+    *,
+    depth: int,
+    branch: int,
+    frontier: int,
+    nodes: int,
+    sampling: SamplingParams,
+    generator: torch.Generator | None,
+) -> TokenTree:
+    """A draft tree of at most ``depth`` levels continuing the committed ``tokens`` (module docstring)."""
+    device = tokens.device
+    empty = TokenTree(tokens[:0], ())
+    if depth == 0:
+        return empty
+    rows = sampling.probs(drafter.score(tokens, 0).logits[-1:].to(device))  # [1, V] at the root
+    expand = [ROOT]
+    parents: list[int] = []
+    node_tokens: list[torch.Tensor] = []
+    node_q: list[torch.Tensor] = []
+    score = {ROOT: torch.ones((), dtype=rows.dtype, device=device)}
+    scores: list[torch.Tensor] = []
+    for level in range(depth):
+        width = min(branch, rows.shape[-1])
+        if sampling.greedy:
+            picked = torch.topk(rows, width, dim=-1).indices  # [F, b], most probable first
+        else:  # Gumbel top-k: b draws without replacement, in draw order
+            noise = -torch.log(-torch.log(torch.rand(rows.shape, generator=generator, device=device)))
+            picked = torch.topk(torch.log(rows) + noise, width, dim=-1).indices
+        first = len(parents)
+        for f, parent in enumerate(expand):
+            for token in picked[f]:
+                parents.append(parent)
+                node_tokens.append(token)
+                node_q.append(rows[f])
+                scores.append(score[parent] * rows[f, token])
+        if not sampling.greedy:  # children a distribution cannot draw (probability 0) are no draws
+            keep = [i for i in range(len(parents)) if i < first or node_q[i][node_tokens[i]] > 0]
+            if len(keep) < len(parents):
+                parents, node_tokens, node_q, scores = _renumbered(keep, parents, node_tokens, node_q, scores)
+        if level == depth - 1:
+            break
+        new = list(range(first, len(parents)))
+        ranked = torch.stack([scores[i] for i in new]).topk(min(frontier, len(new))).indices.tolist()
+        expand = [new[i] for i in ranked]
+        score = {i: scores[i] for i in expand}
+        tree = TokenTree(torch.stack(node_tokens), tuple(parents))
+        logits = drafter.score_tree(tokens, tree).logits.to(device)
+        rows = sampling.probs(logits[[i + 1 for i in expand]])
+        drafter.rollback(tokens.shape[0])
+    if not parents:
+        return empty
+    if sampling.greedy and len(parents) > nodes:
+        best = set(torch.stack(scores).topk(nodes).indices.tolist())
+        keep = sorted(best | {a for i in best for a in _ancestors(parents, i)})
+        parents, node_tokens, node_q, scores = _renumbered(keep, parents, node_tokens, node_q, scores)
+    return TokenTree(torch.stack(node_tokens), tuple(parents), torch.stack(node_q))
+
+
+def _ancestors(parents: list[int], node: int) -> list[int]:
+    found = []
+    while parents[node] != ROOT:
+        node = parents[node]
+        found.append(node)
+    return found
+
+
+def _renumbered(keep: list[int], parents, node_tokens, node_q, scores):
+    index = {old: new for new, old in enumerate(keep)}
+    return (
+        [ROOT if parents[i] == ROOT else index[parents[i]] for i in keep],
+        [node_tokens[i] for i in keep],
+        [node_q[i] for i in keep],
+        [scores[i] for i in keep],
+    )
+
+
+def verify_greedy(tree: TokenTree, logits: torch.Tensor) -> tuple[list[int], int]:
+    """(accepted path, next token): the target's greedy walk down the tree (one host sync)."""
+    choice = greedy_token(logits).tolist()  # row 0 after the root, row i + 1 after node i
+    tokens = tree.tokens.tolist()
+    path, node = [], ROOT
+    while True:
+        want = choice[node + 1]
+        follow = next((c for c in tree.children(node) if tokens[c] == want), None)
+        if follow is None:
+            return path, want
+        path.append(follow)
+        node = follow
+
+
+def verify_sampled(
+    tree: TokenTree, p: torch.Tensor, generator: torch.Generator | None
+) -> tuple[list[int], int]:
+    """(accepted path, next token) by recursive rejection sampling (module docstring); ``p``: the
+    target's distributions ``[N + 1, V]``, rows as in :meth:`score_tree`."""
+    tokens = tree.tokens.tolist()
+    path, node = [], ROOT
+    while True:
+        target = p[node + 1]
+        children = tree.children(node)
+        if not children:
+            return path, int(sample(target, generator))
+        q = tree.q[children[0]]  # every child of a node was drawn from the node's one distribution
+        accepted = None
+        for child in children:
+            x = tokens[child]
+            u = torch.rand((), generator=generator, device=p.device)
+            if bool(u * q[x] < target[x]):  # u < min(1, p(x) / q(x))
+                accepted = child
+                break
+            residual = (target - q).clamp_min(0)
+            target = residual / residual.sum() if residual.sum() > 0 else target
+            q = q.clone()
+            q[x] = 0
+            if q.sum() <= 0:
+                break
+            q = q / q.sum()
+        if accepted is None:
+            return path, int(sample(target, generator))
+        path.append(accepted)
+        node = accepted
+
+
+def generate(
+    target: HFModel,
+    drafter: HFModel,
+    prompt_ids: torch.Tensor,
+    *,
+    depth: int,
+    branch: int,
+    frontier: int,
+    nodes: int,
+    max_new_tokens: int,
+    sampling: SamplingParams = SamplingParams(),
+    eos_token_id=None,
+    generator: torch.Generator | None = None,
+) -> Generation:
+    eos = eos_set(eos_token_id)
+    target.counter.reset()
+    drafter.counter.reset()
+    watch = Stopwatch(target.device)
+    target.start(prompt_ids)
+    drafter.start(prompt_ids)
+    out = torch.empty(max_new_tokens + depth + 1, dtype=torch.long, device=target.device)
+    tokens: list[int] = []
+    steps: list[tuple[int, int]] = []
+    generated, stopped = 0, False
+    while generated < max_new_tokens and not stopped:
+        budget = min(depth, max_new_tokens - generated - 1)  # the step's +1 token must fit too
+        committed = out[:generated]
+        tree = draft_tree(
+            drafter,
+            committed,
+            depth=budget,
+            branch=branch,
+            frontier=frontier,
+            nodes=nodes,
+            sampling=sampling,
+            generator=generator,
+        )
+        logits = target.score_tree(committed, tree).logits
+        if sampling.greedy:
+            path, next_token = verify_greedy(tree, logits)
+        else:
+            path, next_token = verify_sampled(tree, sampling.probs(logits), generator)
+        target.keep_path(path)
+        new = [int(tree.tokens[i]) for i in path] + [next_token]
+        out[generated : generated + len(new)] = torch.tensor(new, device=out.device)
+        drafter.rollback(generated)
+        new, stopped = truncate_at_eos(new, eos)
+        steps.append((tree.depth, len(path)))
+        tokens.extend(new)
+        generated += len(path) + 1
+        watch.mark_first_token()
+    walltime, ttft = watch.stop()
+    forwards = {target.name: target.counter.snapshot(), drafter.name: drafter.counter.snapshot()}
+    return Generation(tokens, walltime, ttft, steps, forwards, stopped)
+
+
+def _run(params: dict, target: HFModel, drafter: HFModel, r: Request) -> Generation:
+    return generate(
+        target,
+        drafter,
+        r.prompt_ids,
+        depth=params["depth"],
+        branch=params["branch"],
+        frontier=params["frontier"],
+        nodes=params["nodes"],
+        **r.decoding(),
+    )
+
+
+def _check(params: dict, spec, generation) -> tuple[str, str, str] | None:
+    if params["nodes"] < params["depth"]:
+        return "nodes", f"nodes {params['nodes']} is below depth {params['depth']}", "use nodes >= depth"
+    return None
+
+
+METHODS = (
+    Method(
+        "tree_speculative",
+        "speculative decoding with a token tree from a neural drafter, verified in one target pass "
+        "(greedy: EAGLE-2's dynamic tree; sampled: recursive rejection sampling)",
+        _run,
+        {
+            "depth": ParamSpec(int, 4, "levels of the tree (the longest draft)", 1, 32),
+            "branch": ParamSpec(int, 2, "children of each expanded node", 1, 16),
+            "frontier": ParamSpec(int, 2, "nodes expanded at each level, the most probable paths", 1, 16),
+            "nodes": ParamSpec(
+                int, 16, "nodes the target verifies at most (greedy; sampled trees keep all)", 1, 256
+            ),
+        },
+        needs_drafter=True,
+        neural_drafter_only=True,
+        check=_check,
+        lossless=always,
+        no_replay="the target scores token trees, which a replay of its output cannot",
+        draft_lengths=lambda params: (),
+    ),
+)
