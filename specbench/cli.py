@@ -417,7 +417,9 @@ def distill(
         ["small", "base"],
         "--size",
         help="Drafters to train: small (~8.5M, 2 layers x 160), base (the target's embedding and first "
-        "2 layers), exit<N> (an exit head on the target's first N layers). Repeat the option for several.",
+        "2 layers), exit<N> (an exit head on the target's first N layers), medusa (4 Medusa-1 heads on "
+        "the target's last hidden state; recipes name them medusa:<target>/medusa). Repeat the option "
+        "for several.",
     ),
     data_dir: Path = typer.Option(
         None,

@@ -103,6 +103,8 @@ class Method:
     # hold an autoregressive method on the same target, and the runner passes its output ids
     needs_reference: bool = False
     check: Check | None = None
+    # the drafter is a set of heads on the target's hidden states (a source with heads=True)
+    takes_heads: bool = False
     # whether a cell with these parameters must reproduce the target's own output (checked against the
     # AR cell when greedy, and the condition for replaying the target)
     lossless: Callable[[dict], bool] = never

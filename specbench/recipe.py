@@ -549,6 +549,7 @@ def replay_problem(recipe: Recipe, spec: MethodSpec, params: dict | None = None)
 
 def _check_roles(recipe: Recipe, spec: MethodSpec, info: Method, where: str) -> None:
     target_source = recipe.models[spec.target].source
+    _check_heads(recipe, spec, info, where)
     if not _source(target_source).neural:
         raise SpecbenchError(
             f"{where}.target",
@@ -580,6 +581,39 @@ def _check_roles(recipe: Recipe, spec: MethodSpec, info: Method, where: str) -> 
             f"method {spec.method!r} needs a model drafter, but {spec.drafter!r} is a statistical drafter",
             "use a model as the drafter (for prompt lookup use method hf_prompt_lookup or speculative)",
         )
+
+
+def _check_heads(recipe: Recipe, spec: MethodSpec, info: Method, where: str) -> None:
+    """Heads on a target's states (Medusa) serve only the methods that hand them those states."""
+    if _source(recipe.models[spec.target].source).heads:
+        raise SpecbenchError(
+            f"{where}.target", f"{spec.target!r} is a set of heads, not a model", "use a model as the target"
+        )
+    for role, names in (("drafter", [spec.drafter]), ("drafters", spec.drafters or [])):
+        for name in names:
+            if name is None:
+                continue
+            heads = _source(recipe.models[name].source).heads
+            if heads and not info.takes_heads:
+                raise SpecbenchError(
+                    f"{where}.{role}",
+                    f"{name!r} is a set of heads on the target's states; {spec.method!r} cannot use it",
+                    "use method medusa for heads, or a drafter model here",
+                )
+            if info.takes_heads and not heads:
+                raise SpecbenchError(
+                    f"{where}.{role}",
+                    f"method {spec.method!r} drafts with heads on the target's states; {name!r} is not",
+                    "give a medusa:<target>/<name> source with options: {of: TARGET}",
+                )
+    if info.takes_heads and spec.drafter is not None:
+        of = recipe.models[spec.drafter].options.get("of")
+        if of != spec.target:
+            raise SpecbenchError(
+                f"{where}.drafter",
+                f"the heads {spec.drafter!r} read {of!r}'s states, but the target is {spec.target!r}",
+                f"set models.{spec.drafter}.options.of: {spec.target}",
+            )
 
 
 def _check_cascade_roles(recipe: Recipe, spec: MethodSpec, where: str) -> None:

@@ -21,6 +21,7 @@ from specbench.errors import SpecbenchError
 from specbench.models.base import ModelDrafter
 from specbench.models.hf import HFModel
 from specbench.training import distill
+from specbench.training import teacher as teaching
 
 
 def test_distill_loss_is_forward_kl_cross_entropy_on_top_k_and_tail():
@@ -142,7 +143,7 @@ def _data_dir(root: Path) -> Path:
 @pytest.fixture
 def tiny_distill(tmp_path, monkeypatch, one_thread):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
-    teacher = distill.TeacherConfig(
+    teacher = teaching.TeacherConfig(
         "tiny-llama", generate=6, max_new_tokens=12, teacher_forced=6, top_k=8, batch_size=4,
         data_dir=str(_data_dir(tmp_path / "data")),
     )  # fmt: skip
@@ -204,8 +205,8 @@ def test_teacher_data_is_cached_and_training_is_deterministic(tiny_distill, monk
     def no_teacher(*args, **kwargs):
         raise AssertionError("the teacher ran again although its data is cached")
 
-    monkeypatch.setattr(distill, "_generated", no_teacher)
-    monkeypatch.setattr(distill, "_teacher_forced", no_teacher)
+    monkeypatch.setattr(teaching, "_generated", no_teacher)
+    monkeypatch.setattr(teaching, "_teacher_forced", no_teacher)
     again = tiny_distill("small", epochs=2)[0]
     assert (again / "model.safetensors").read_bytes() == weights  # same seed, same bytes
     other = tiny_distill("small", epochs=2, seed=1)[0]
@@ -230,12 +231,12 @@ def test_distill_help_explains_sizes_and_cache():
 
 
 def test_teacher_cache_key_follows_the_data_not_its_folder(tmp_path):
-    here = distill.TeacherConfig("tiny-llama", data_dir=str(_data_dir(tmp_path / "a")))
-    moved = distill.TeacherConfig("tiny-llama", data_dir=str(_data_dir(tmp_path / "b")))
+    here = teaching.TeacherConfig("tiny-llama", data_dir=str(_data_dir(tmp_path / "a")))
+    moved = teaching.TeacherConfig("tiny-llama", data_dir=str(_data_dir(tmp_path / "b")))
     assert here.key() == moved.key()
     (tmp_path / "b" / "gsm8k" / "train.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n')
     assert here.key() != moved.key()
-    assert here.key() != distill.TeacherConfig("tiny-llama", top_k=8, data_dir=here.data_dir).key()
+    assert here.key() != teaching.TeacherConfig("tiny-llama", top_k=8, data_dir=here.data_dir).key()
 
 
 # -- draft vocabulary (FR-Spec head) -------------------------------------------------------------
@@ -312,9 +313,9 @@ def test_teacher_forced_top_k_are_the_targets_own_next_token_log_probs(one_threa
         (torch.tensor([5, 6, 7]), torch.tensor([8, 9])),
         (torch.tensor([1, 2]), torch.tensor([3, 4, 5, 6])),
     ]
-    config = distill.TeacherConfig("tiny-llama", top_k=4, batch_size=4)
+    config = teaching.TeacherConfig("tiny-llama", top_k=4, batch_size=4)
     with Progress(disable=True) as progress:
-        sequences = distill._teacher_forced(target, pairs, config, progress)
+        sequences = teaching._teacher_forced(target, pairs, config, progress)
     for (prompt, answer), seq in zip(pairs, sequences, strict=True):
         full = torch.cat([prompt, answer])
         logp = target.model(input_ids=full[None]).logits[0].log_softmax(-1)[prompt.shape[0] - 1 : -1]

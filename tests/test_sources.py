@@ -22,6 +22,7 @@ RECOGNISED = {
     "smollm2-135m-instruct": "smollm2",
     "distilled:smollm2-135m-instruct/small": "distilled",
     "early-exit": "early-exit",
+    "medusa:smollm2-135m-instruct/medusa": "medusa",
     "/models/x.gguf": "gguf",
     "org/name": "hub",
     "not-a-model": "hub",  # the hub kind takes the rest, and says why it cannot load it
@@ -30,7 +31,7 @@ RECOGNISED = {
 
 def test_every_kind_is_declared_once_and_recognised_in_order(tmp_path):
     assert list(SOURCES) == [
-        "statistical", "tiny", "smollm2", "distilled", "early-exit", "gguf", "local", "hub"
+        "statistical", "tiny", "smollm2", "distilled", "medusa", "early-exit", "gguf", "local", "hub"
     ]  # fmt: skip
     for source, kind in RECOGNISED.items():
         assert source_of(source).kind == kind, source

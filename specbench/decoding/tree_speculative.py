@@ -30,6 +30,7 @@ import torch
 
 from specbench.decoding.generation import Generation, Stopwatch, eos_set, truncate_at_eos
 from specbench.methods import Method, ParamSpec, Request, always
+from specbench.models.base import Pass
 from specbench.models.hf import HFModel
 from specbench.models.sampling import SamplingParams, greedy_token, sample
 from specbench.models.tree import ROOT, TokenTree
@@ -38,9 +39,35 @@ RULE_GREEDY = "greedy tree walk"
 RULE_SAMPLED = "recursive rejection sampling (Jeon et al. 2024)"
 
 
+class ModelTreeDrafter:
+    """A drafter model grows the tree: one pass at the root, then one tree pass per level."""
+
+    target_layers: tuple = ()  # the target's hidden states it reads (none)
+
+    def __init__(self, model: HFModel):
+        self.model = model
+        self.name, self.counter = model.name, model.counter
+
+    def start(self, prompt_ids: torch.Tensor) -> None:
+        self.model.start(prompt_ids)
+
+    def root(self, tokens: torch.Tensor, last: Pass | None, row: int) -> torch.Tensor:
+        return self.model.score(tokens, 0).logits[-1:].to(tokens.device)
+
+    def level(self, tokens: torch.Tensor, level: int, tree: TokenTree, expand: list[int]) -> torch.Tensor:
+        logits = self.model.score_tree(tokens, tree).logits.to(tokens.device)
+        self.model.rollback(tokens.shape[0])
+        return logits[[i + 1 for i in expand]]
+
+    def rollback(self, n_tokens: int) -> None:
+        self.model.rollback(n_tokens)
+
+
 def draft_tree(
-    drafter: HFModel,
+    drafter,
     tokens: torch.Tensor,
+    last: Pass | None,
+    row: int,
     *,
     depth: int,
     branch: int,
@@ -49,12 +76,17 @@ def draft_tree(
     sampling: SamplingParams,
     generator: torch.Generator | None,
 ) -> TokenTree:
-    """A draft tree of at most ``depth`` levels continuing the committed ``tokens`` (module docstring)."""
+    """A draft tree of at most ``depth`` levels continuing the committed ``tokens`` (module docstring).
+
+    ``drafter`` gives the next-token logits at the root (``root``: from the committed tokens, or from
+    row ``row`` of the target's ``last`` pass) and at the nodes it expands (``level``); None from
+    ``root`` means it has nothing to draft from yet (an empty tree)."""
     device = tokens.device
     empty = TokenTree(tokens[:0], ())
-    if depth == 0:
+    root = drafter.root(tokens, last, row) if depth > 0 else None
+    if root is None:
         return empty
-    rows = sampling.probs(drafter.score(tokens, 0).logits[-1:].to(device))  # [1, V] at the root
+    rows = sampling.probs(root)  # [1, V]
     expand = [ROOT]
     parents: list[int] = []
     node_tokens: list[torch.Tensor] = []
@@ -86,9 +118,7 @@ def draft_tree(
         expand = [new[i] for i in ranked]
         score = {i: scores[i] for i in expand}
         tree = TokenTree(torch.stack(node_tokens), tuple(parents))
-        logits = drafter.score_tree(tokens, tree).logits.to(device)
-        rows = sampling.probs(logits[[i + 1 for i in expand]])
-        drafter.rollback(tokens.shape[0])
+        rows = sampling.probs(drafter.level(tokens, level + 1, tree, expand))
     if not parents:
         return empty
     if sampling.greedy and len(parents) > nodes:
@@ -165,7 +195,7 @@ def verify_sampled(
 
 def generate(
     target: HFModel,
-    drafter: HFModel,
+    drafter,
     prompt_ids: torch.Tensor,
     *,
     depth: int,
@@ -177,6 +207,10 @@ def generate(
     eos_token_id=None,
     generator: torch.Generator | None = None,
 ) -> Generation:
+    """Tree speculative decoding; ``drafter``: an HFModel, or a tree drafter (:class:`ModelTreeDrafter`,
+    Medusa's heads) that may read the target's hidden states (``target_layers``)."""
+    if isinstance(drafter, HFModel):
+        drafter = ModelTreeDrafter(drafter)
     eos = eos_set(eos_token_id)
     target.counter.reset()
     drafter.counter.reset()
@@ -187,12 +221,15 @@ def generate(
     tokens: list[int] = []
     steps: list[tuple[int, int]] = []
     generated, stopped = 0, False
+    last, row = None, 0  # the target's previous pass, and the row that gave the last committed token
     while generated < max_new_tokens and not stopped:
         budget = min(depth, max_new_tokens - generated - 1)  # the step's +1 token must fit too
         committed = out[:generated]
         tree = draft_tree(
             drafter,
             committed,
+            last,
+            row,
             depth=budget,
             branch=branch,
             frontier=frontier,
@@ -200,12 +237,13 @@ def generate(
             sampling=sampling,
             generator=generator,
         )
-        logits = target.score_tree(committed, tree).logits
+        last = target.score_tree(committed, tree, hidden=drafter.target_layers)
         if sampling.greedy:
-            path, next_token = verify_greedy(tree, logits)
+            path, next_token = verify_greedy(tree, last.logits)
         else:
-            path, next_token = verify_sampled(tree, sampling.probs(logits), generator)
+            path, next_token = verify_sampled(tree, sampling.probs(last.logits), generator)
         target.keep_path(path)
+        row = path[-1] + 1 if path else 0
         new = [int(tree.tokens[i]) for i in path] + [next_token]
         out[generated : generated + len(new)] = torch.tensor(new, device=out.device)
         drafter.rollback(generated)
@@ -232,7 +270,7 @@ def _run(params: dict, target: HFModel, drafter: HFModel, r: Request) -> Generat
     )
 
 
-def _check(params: dict, spec, generation) -> tuple[str, str, str] | None:
+def check_tree(params: dict, spec, generation) -> tuple[str, str, str] | None:
     if params["nodes"] < params["depth"]:
         return "nodes", f"nodes {params['nodes']} is below depth {params['depth']}", "use nodes >= depth"
     return None
@@ -254,7 +292,7 @@ METHODS = (
         },
         needs_drafter=True,
         neural_drafter_only=True,
-        check=_check,
+        check=check_tree,
         lossless=always,
         no_replay="the target scores token trees, which a replay of its output cannot",
         draft_lengths=lambda params: (),

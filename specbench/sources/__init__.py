@@ -95,6 +95,9 @@ class Source:
     # device computes it fast) or "float32"; None: no dtype of its own (statistical drafters; early exit
     # runs in its base model's)
     dtype_rule: str | None = "auto"
+    # heads on a target's hidden states (Medusa): only methods that hand them the target's states
+    # (Method.takes_heads) take such a drafter
+    heads: bool = False
 
 
 class SourceRegistry(Mapping):

@@ -145,6 +145,9 @@ def method_parameter_cases() -> list[Case]:
             if method.drafter_list:
                 data["models"]["mag"] = {"source": "maxgram"}
                 entry["drafters"] = ["draft", "mag"]
+            elif method.takes_heads:  # heads on the target's states (validated, never loaded here)
+                data["models"]["heads"] = {"source": "medusa:tiny-llama/medusa", "options": {"of": "target"}}
+                entry["drafter"] = "heads"
             elif method.needs_drafter:
                 entry["drafter"] = "draft"
             data["methods"].append(entry)

@@ -48,7 +48,7 @@ from specbench.errors import SpecbenchError
 from specbench.models import cache
 from specbench.models.cache import DISTILLED_PREFIX
 from specbench.sources.smollm2 import ALIAS as SMOLLM2_ALIAS
-from specbench.training import distill
+from specbench.training import teacher as teaching
 
 DEFAULT_DRAFTER = f"{DISTILLED_PREFIX}{SMOLLM2_ALIAS}/small"
 
@@ -119,7 +119,7 @@ class Example:
 def _hidden(model, seqs: list[torch.Tensor]) -> torch.Tensor:
     """Final (normed) hidden states of a decoder-only model, right-padded batch ``[B, T, H]`` (the base
     model's output: what ``output_hidden_states`` gives last, without keeping every layer's)."""
-    ids, mask = distill.right_padded(seqs, next(model.parameters()).device)
+    ids, mask = teaching.right_padded(seqs, next(model.parameters()).device)
     return model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
 
 
@@ -278,8 +278,8 @@ def _load(role: str, source: str, options: dict, config: TrainConfig):
 def _prompt_examples(target, config: TrainConfig) -> list:
     """The distill prompts (its GENERATE_FROM sources in order), as rendered for the benchmark."""
     chosen = []
-    for task, split in distill.GENERATE_FROM:
-        chosen += distill._examples(task, split, config.data_dir)[: config.prompts - len(chosen)]
+    for task, split in teaching.GENERATE_FROM:
+        chosen += teaching._examples(task, split, config.data_dir)[: config.prompts - len(chosen)]
     return chosen
 
 
@@ -287,19 +287,19 @@ def target_responses(target, config: TrainConfig, progress) -> list[Example]:
     """(x, Y) pairs: distill's cached greedy responses when it cached them for this target and length
     cap, else generated here (batched, greedy) and cached under the specdecpp cache."""
     if not config.target_options:
-        teacher = distill.TeacherConfig(
+        teacher = teaching.TeacherConfig(
             config.target, max_new_tokens=config.max_new_tokens, data_dir=config.data_dir
         )
-        cached = cache.cache_dir() / "distill" / distill._slug(config.target) / f"teacher-{teacher.key()}.pt"
+        cached = cache.cache_dir() / "distill" / teaching._slug(config.target) / f"teacher-{teacher.key()}.pt"
         if config.prompts <= teacher.generate and cached.is_file():
             rows = torch.load(cached, weights_only=True)[: teacher.generate]
             pairs = [Example(r["ids"][: r["start"]], r["ids"][r["start"] :]) for r in rows]
             return [pairs[i] for i in _subset(len(pairs), config.prompts, config.seed)]
-    key = config.data_key(distill._data_fingerprint(config.data_dir))
+    key = config.data_key(teaching._data_fingerprint(config.data_dir))
     path = cache.cache_dir() / "specdecpp" / slug(config.target) / f"responses-{key}.pt"
     if path.is_file():
         return [Example(**row) for row in torch.load(path, weights_only=True)]
-    prompts = [distill._prompt_ids(target, e) for e in _prompt_examples(target, config)]
+    prompts = [teaching._prompt_ids(target, e) for e in _prompt_examples(target, config)]
     examples = generate_responses(target, prompts, config, progress)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save([{"prompt": e.prompt, "response": e.response} for e in examples], path.with_suffix(".tmp"))
@@ -321,7 +321,7 @@ def generate_responses(target, prompts: list[torch.Tensor], config: TrainConfig,
     out: list[Example | None] = [None] * len(prompts)
     task = progress.add_task("target responses", total=len(prompts), stats="")
     for batch in _batches(len(prompts), [p.shape[0] for p in prompts], config.teacher_batch):
-        ids, mask = distill.left_padded([prompts[i] for i in batch], pad)
+        ids, mask = teaching.left_padded([prompts[i] for i in batch], pad)
         width = ids.shape[1]
         new = target.model.generate(
             input_ids=ids.to(target.device),
@@ -349,7 +349,7 @@ def split(n: int, eval_fraction: float, seed: int) -> tuple[list[int], list[int]
 def train(config: TrainConfig, progress) -> Path:
     """Build (or read) the features and labels, train the head, evaluate it, save it; returns its folder."""
     started = time.perf_counter()
-    fingerprint = distill._data_fingerprint(config.data_dir)
+    fingerprint = teaching._data_fingerprint(config.data_dir)
     cached = (
         cache.cache_dir()
         / "specdecpp"

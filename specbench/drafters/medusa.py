@@ -1,0 +1,120 @@
+"""Medusa heads (Cai et al., "Medusa: Simple LLM Inference Acceleration Framework with Multiple
+Decoding Heads", ICML 2024), Medusa-1: heads on the frozen target's last hidden state.
+
+Head k (k = 1..K) reads the target's final hidden state f_t at the last accepted position, the state
+whose LM-head row gave the next token x_{t+1}, and predicts x_{t+k+1}: a residual block
+``f + SiLU(W_k f + b_k)`` (W_k = 0 at the start, so an untrained head is the target's own head), then
+the target's LM head. Medusa-1 gives each head its own copy of the LM head; here the heads share the
+target's, frozen and restricted to a draft vocabulary (FR-Spec, :mod:`specbench.drafters.draft_vocab`),
+since for a 135M target K full copies of a 49k-token head would cost more than the target's layers.
+The heads run no pass of their own: drafting costs K small matrix products per step.
+
+Saved as ``medusa_heads.safetensors`` + ``medusa.json`` (sizes, the draft vocabulary, the target it
+was trained for) in ``<cache>/drafters/<target>/medusa``; loaded by the ``medusa:`` source.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specbench.drafters.draft_vocab import DraftVocabHead
+from specbench.errors import SpecbenchError
+from specbench.models.base import ForwardCounter
+
+HEADS_FILE = "medusa_heads.safetensors"
+MANIFEST = "medusa.json"
+
+
+class ResBlock(nn.Module):
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden + nn.functional.silu(self.linear(hidden))
+
+
+class MedusaHeads(nn.Module):
+    """K residual blocks; ``forward(f) -> [K, ..., hidden]`` the states the shared LM head reads."""
+
+    def __init__(self, hidden_size: int, heads: int):
+        super().__init__()
+        self.blocks = nn.ModuleList(ResBlock(hidden_size) for _ in range(heads))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.stack([block(hidden) for block in self.blocks])
+
+
+class MedusaDrafter:
+    """The heads of one target: ``propose(f)`` gives each head's next-token distribution row."""
+
+    def __init__(self, name: str, heads: MedusaHeads, lm_head: nn.Module, target_name: str):
+        self.name = name
+        self.heads = heads.eval()
+        self.lm_head = lm_head
+        self.target_name = target_name
+        self.counter = ForwardCounter()  # the heads run no model pass: it stays at 0
+        self.num_parameters = sum(p.numel() for p in heads.parameters())
+        self.device = next(heads.parameters()).device
+
+    def start(self, prompt_ids: torch.Tensor) -> None:
+        self.counter.reset()
+
+    def rollback(self, n_tokens: int) -> None:
+        pass
+
+    @torch.inference_mode()
+    def logits(self, feature: torch.Tensor) -> torch.Tensor:
+        """``[K, V]``: head k's logits for the token k + 1 places after the one ``feature`` predicts."""
+        return self.lm_head(self.heads(feature.to(self.device)))
+
+
+def draft_head(lm_head_weight: torch.Tensor, ids: torch.Tensor | None) -> nn.Module:
+    """The target's LM head over the draft vocabulary ``ids`` (all tokens when None)."""
+    vocab = lm_head_weight.shape[0]
+    ids = torch.arange(vocab, device=lm_head_weight.device) if ids is None else ids
+    return DraftVocabHead(lm_head_weight, ids.to(lm_head_weight.device), vocab)
+
+
+def save(folder: Path, heads: MedusaHeads, manifest: dict) -> None:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in heads.state_dict().items()}, str(folder / HEADS_FILE))
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def load(folder: Path, name: str, target, where: str) -> MedusaDrafter:
+    """The heads in ``folder`` on ``target`` (an HFModel): refused with one line when they were
+    trained for another hidden size or vocabulary."""
+    from safetensors.torch import load_file
+
+    manifest_path, weights = folder / MANIFEST, folder / HEADS_FILE
+    if not manifest_path.is_file() or not weights.is_file():
+        raise SpecbenchError(
+            f"{where}.source",
+            f"no Medusa heads in {folder}",
+            "train them with `specbench distill --size medusa`, or set SPECBENCH_CACHE to where they are",
+        )
+    manifest = json.loads(manifest_path.read_text())
+    config = target.model.config.get_text_config()
+    for field, have in (("hidden_size", config.hidden_size), ("vocab_size", target.vocab_size)):
+        if manifest[field] != have:
+            raise SpecbenchError(
+                f"{where}.options.of",
+                f"the heads in {folder} were trained for a {field} of {manifest[field]}, "
+                f"{target.name} has {have}",
+                "train heads for this target (specbench distill --target ... --size medusa)",
+            )
+    heads = MedusaHeads(manifest["hidden_size"], manifest["heads"])
+    heads.load_state_dict(load_file(str(weights)))
+    weight = target.model.get_output_embeddings().weight.detach()
+    heads = heads.to(device=weight.device, dtype=weight.dtype)
+    ids = torch.tensor(manifest["draft_vocab"], dtype=torch.long) if manifest.get("draft_vocab") else None
+    return MedusaDrafter(name, heads, draft_head(weight, ids), target.name)

@@ -1,0 +1,236 @@
+"""The distillation teacher data: prompts from training splits only (GSM8K train, MMLU dev, Alpaca seed
+tasks — never an evaluation split), the target's greedy answers with its top-k next-token
+log-probabilities, and reference answers scored by the target; built once and cached under the
+specbench cache. Every trained drafter and head (:mod:`specbench.training.distill`,
+:mod:`specbench.training.medusa`) learns from it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from specbench.drafters import draft_vocab
+from specbench.errors import SpecbenchError
+from specbench.models import cache
+from specbench.sources.smollm2 import ALIAS as SMOLLM2_ALIAS
+from specbench.tasks import get_task, render_prompt
+
+# (task, split): the training sources. Evaluation splits (GSM8K test, MMLU test, Spec-Bench) never appear.
+GENERATE_FROM = (("mmlu", "dev"), ("alpaca", "train"), ("gsm8k", "train"))
+TEACHER_FORCE_FROM = (("gsm8k", "train"),)
+
+
+@dataclass(frozen=True)
+class TeacherConfig:
+    target: str = SMOLLM2_ALIAS
+    generate: int = 800  # prompts whose greedy continuation the target generates
+    max_new_tokens: int = 128
+    teacher_forced: int = 1200  # GSM8K train reference answers scored by the target
+    top_k: int = 32
+    batch_size: int = 32
+    data_dir: str = ""
+
+    def key(self) -> str:
+        """Hash of every setting and the training files' bytes; not of where the data folder lives."""
+        fields = asdict(self) | {"data_dir": None, "data": _data_fingerprint(self.data_dir), "version": 2}
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+
+
+# -- teacher data ------------------------------------------------------------------------------
+
+
+@dataclass
+class Sequence:
+    """A token sequence whose positions ``start..`` carry the teacher's top-k next-token log-probs."""
+
+    ids: torch.Tensor  # [L] long: prompt + continuation
+    start: int  # first supervised token index: rows j of the top-k predict ids[start + j]
+    top_ids: torch.Tensor  # [L - start, k] int32
+    top_logp: torch.Tensor  # [L - start, k] float16
+
+
+def _training_file(task: str, split: str, data_dir: str) -> Path | None:
+    """``<data_dir>/<folder>/<split>.jsonl`` for the task's first local folder that has it."""
+    for folder in get_task(task).local_dirs or (task,):
+        path = Path(data_dir) / folder / f"{split}.jsonl"
+        if path.is_file():
+            return path
+    return None
+
+
+def _data_fingerprint(data_dir: str) -> str:
+    digest = hashlib.sha256()
+    for task, split in sorted(set(GENERATE_FROM + TEACHER_FORCE_FROM)):
+        path = _training_file(task, split, data_dir)
+        if path is not None:
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def _training_file_or_fail(task: str, split: str, data_dir: str) -> Path:
+    path = _training_file(task, split, data_dir)
+    if path is None:
+        raise SpecbenchError(
+            f"--data-dir {data_dir}",
+            f"no {task}/{split}.jsonl training data",
+            "point --data-dir (or SPECBENCH_DATA_DIR) at the offline data folder (../shared/data)",
+        )
+    return path
+
+
+def _examples(task: str, split: str, data_dir: str):
+    return get_task(task).load(split=split, data_files=str(_training_file_or_fail(task, split, data_dir)))
+
+
+def _top(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    values, ids = logp.topk(k, dim=-1)
+    return ids.to(torch.int32), values.to(torch.float16)
+
+
+def right_padded(seqs: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) of sequences of different lengths, padded with 0 on the right."""
+    width = max(s.shape[0] for s in seqs)
+    ids = torch.zeros((len(seqs), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, s in enumerate(seqs):
+        ids[row, : s.shape[0]] = s
+        mask[row, : s.shape[0]] = 1
+    return ids.to(device), mask.to(device)
+
+
+def left_padded(prompts: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) of a batch of prompts padded on the left for ``generate``."""
+    width = max(p.shape[0] for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - prompt.shape[0] :] = prompt
+        mask[row, width - prompt.shape[0] :] = 1
+    return ids, mask
+
+
+@torch.inference_mode()
+def _generated(target, prompts: list[torch.Tensor], config: TeacherConfig, progress) -> list[Sequence]:
+    """Greedy continuations, batched with left padding; top-k of the logits generate() returns."""
+    model, tokenizer = target.model, target.tokenizer
+    eos = set(target.eos_token_ids())
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
+    order = sorted(range(len(prompts)), key=lambda i: prompts[i].shape[0])
+    out: list[Sequence | None] = [None] * len(prompts)
+    task = progress.add_task("target generations", total=len(prompts), stats="")
+    for first in range(0, len(order), config.batch_size):
+        batch = order[first : first + config.batch_size]
+        ids, mask = left_padded([prompts[i] for i in batch], pad)
+        width = ids.shape[1]
+        result = model.generate(
+            input_ids=ids.to(target.device),
+            attention_mask=mask.to(target.device),
+            max_new_tokens=config.max_new_tokens,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=pad,
+            eos_token_id=sorted(eos),
+        )
+        new = result.sequences[:, width:].cpu()
+        tops = [_top(step, config.top_k) for step in result.logits]
+        top_ids = torch.stack([t[0].cpu() for t in tops], dim=1)  # [B, steps, k]
+        top_logp = torch.stack([t[1].cpu() for t in tops], dim=1)
+        for row, i in enumerate(batch):
+            n = new.shape[1]
+            for j, token in enumerate(new[row].tolist()):
+                if token in eos:
+                    n = j + 1
+                    break
+            seq = torch.cat([prompts[i], new[row, :n]])
+            out[i] = Sequence(seq, prompts[i].shape[0], top_ids[row, :n], top_logp[row, :n])
+        progress.advance(task, len(batch))
+    return [s for s in out if s is not None]
+
+
+@torch.inference_mode()
+def _teacher_forced(target, pairs: list[tuple[torch.Tensor, torch.Tensor]], config: TeacherConfig, progress):
+    """The target's top-k on reference answers (prompt + answer), batched with right padding."""
+    model = target.model
+    order = sorted(range(len(pairs)), key=lambda i: sum(t.shape[0] for t in pairs[i]))
+    out: list[Sequence | None] = [None] * len(pairs)
+    task = progress.add_task("teacher-forced answers", total=len(pairs), stats="")
+    batch_size = max(1, config.batch_size // 2)
+    for first in range(0, len(order), batch_size):
+        batch = order[first : first + batch_size]
+        seqs = [torch.cat(pairs[i]) for i in batch]
+        ids, mask = right_padded(seqs, target.device)
+        # the head only where an answer token is predicted: most positions are prompt
+        hidden = model.base_model(input_ids=ids, attention_mask=mask)
+        for row, i in enumerate(batch):
+            start, length = pairs[i][0].shape[0], seqs[row].shape[0]
+            logits = model.get_output_embeddings()(hidden.last_hidden_state[row, start - 1 : length - 1])
+            top_ids, top_logp = _top(logits, config.top_k)
+            out[i] = Sequence(seqs[row], start, top_ids.cpu(), top_logp.cpu())
+        progress.advance(task, len(batch))
+    return [s for s in out if s is not None]
+
+
+def _prompt_ids(target, example) -> torch.Tensor:
+    text = render_prompt(example, target.tokenizer, chat_template=True)
+    return target.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[0]
+
+
+def _answer_ids(target, example, answer: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prompt ids, answer ids) of a chat whose assistant turn is the reference answer."""
+    tokenizer = target.tokenizer
+    messages = [{"role": "user", "content": example.prompt}, {"role": "assistant", "content": answer}]
+    full = tokenizer.apply_chat_template(messages, tokenize=False)
+    ids = tokenizer(full, add_special_tokens=False, return_tensors="pt").input_ids[0]
+    prompt = _prompt_ids(target, example)
+    return ids[: prompt.shape[0]], ids[prompt.shape[0] :]
+
+
+def teacher_data(target, config: TeacherConfig, progress) -> list[Sequence]:
+    """The cached teacher data for ``config`` (built once with the target, then read from disk)."""
+    path = cache.cache_dir() / "distill" / _slug(config.target) / f"teacher-{config.key()}.pt"
+    if path.is_file():
+        return [Sequence(**row) for row in torch.load(path, weights_only=True)]
+    generated = []
+    for task, split in GENERATE_FROM:  # the small sources first and whole, GSM8K fills the rest
+        generated += _examples(task, split, config.data_dir)[: config.generate - len(generated)]
+    forced = []
+    for task, split in TEACHER_FORCE_FROM:
+        used = {e.id for e in generated}
+        raw = _read_rows(task, split, config.data_dir)
+        examples = _examples(task, split, config.data_dir)
+        pool = [(e, raw[i]["answer"]) for i, e in enumerate(examples) if e.id not in used]
+        forced += pool[-config.teacher_forced :]  # from the end, away from the generated prompts
+    sequences = _generated(target, [_prompt_ids(target, e) for e in generated], config, progress)
+    sequences += _teacher_forced(target, [_answer_ids(target, e, a) for e, a in forced], config, progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".tmp")
+    torch.save([asdict(s) for s in sequences], staging)
+    staging.rename(path)  # a killed run never leaves a half-written cache
+    return sequences
+
+
+def _read_rows(task: str, split: str, data_dir: str) -> list[dict]:
+    with _training_file_or_fail(task, split, data_dir).open() as lines:  # not str.splitlines: U+2028
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def _slug(source: str) -> str:
+    return source.replace("/", "--")
+
+
+# -- students ----------------------------------------------------------------------------------
+
+
+def draft_vocabulary(train: list[Sequence], n: int, target) -> torch.Tensor:
+    """The ``n`` tokens most frequent in the training text and the teacher's argmax, EOS included."""
+    counts = torch.zeros(target.vocab_size, dtype=torch.long)
+    for s in train:
+        counts += torch.bincount(s.ids, minlength=target.vocab_size)
+        counts += torch.bincount(s.top_ids[:, 0].long(), minlength=target.vocab_size)
+    return draft_vocab.frequent_tokens(counts, n, target.eos_token_ids())

@@ -1,0 +1,167 @@
+"""Medusa heads: drafting from the target's own states keeps greedy output exact and sampled output
+in the target's law, training lifts the heads' accuracy, and the medusa: source refuses heads of
+another target and methods that cannot feed them."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from rich.progress import Progress
+from test_acceptance import TINY_OPTIONS, assert_matches, exact_joint, softmax_at
+from typer.testing import CliRunner
+
+from specbench import sources
+from specbench.cli import app
+from specbench.decoding import autoregressive, tree_speculative
+from specbench.decoding.medusa import MedusaTreeDrafter
+from specbench.drafters import medusa
+from specbench.errors import SpecbenchError
+from specbench.models.hf import HFModel
+from specbench.models.sampling import SamplingParams
+from specbench.training.medusa import train_heads
+from specbench.training.teacher import Sequence
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def random_heads(target: HFModel, heads: int, seed: int, scale: float = 0.5) -> medusa.MedusaDrafter:
+    hidden = target.model.config.hidden_size
+    module = medusa.MedusaHeads(hidden, heads)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for block in module.blocks:
+            block.linear.weight.copy_(torch.randn(hidden, hidden, generator=generator) * scale / hidden**0.5)
+    weight = target.model.get_output_embeddings().weight.detach()
+    module = module.to(weight.dtype)
+    return medusa.MedusaDrafter("heads", module, medusa.draft_head(weight, None), target.name)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (3, 3, 2, 12), (4, 4, 4, 40)])
+def test_medusa_greedy_is_the_target_greedy_output(seed, shape, tiny_model):
+    depth, branch, frontier, nodes = shape
+    weights = tiny_model("tiny-llama", seed, vocab_size=300, init_std=0.3)
+    prompt = torch.randint(4, 260, (6,), generator=torch.Generator().manual_seed(seed))
+    ar = autoregressive.generate(HFModel(weights, "t"), prompt, max_new_tokens=30)
+    target = HFModel(weights, "t")
+    drafter = MedusaTreeDrafter(random_heads(target, 4, seed, scale=0.0 if seed == 0 else 0.5))
+    out = tree_speculative.generate(
+        target, drafter, prompt, depth=depth, branch=branch, frontier=frontier, nodes=nodes, max_new_tokens=30
+    )
+    assert out.tokens == ar.tokens
+    assert out.steps[0] == (0, 0)  # the prefill: no state to draft from yet
+    assert out.forwards["t"]["forward_passes"] == len(out.steps)
+    assert out.forwards["heads"]["forward_passes"] == sum(1 for drafted, _ in out.steps if drafted)
+
+
+def test_medusa_sampling_reproduces_the_target_joint(tiny_model):
+    weights = tiny_model("tiny-llama", 1, **TINY_OPTIONS)
+    prompt = torch.tensor([3, 4, 5, 2])
+    reference = exact_joint(weights, prompt, 3, softmax_at(1.0))
+    target = HFModel(weights, "t")
+    drafter = MedusaTreeDrafter(random_heads(target, 2, 5))
+    generator = torch.Generator().manual_seed(11)
+    counts, steps = np.zeros_like(reference), Counter()
+    for _ in range(1500):
+        out = tree_speculative.generate(
+            target, drafter, prompt, depth=2, branch=2, frontier=2, nodes=64, max_new_tokens=3,
+            sampling=SamplingParams(temperature=1.0), generator=generator,
+        )  # fmt: skip
+        counts[tuple(out.tokens)] += 1
+        steps.update(out.steps)
+    assert_matches(counts, reference, "medusa sampling")
+    assert steps[(1, 1)] > 0 and steps[(1, 0)] > 0, steps
+
+
+def test_training_lifts_the_heads_accuracy_on_held_out_text(tiny_model):
+    """A target that continues a cycle: the heads learn to see k + 1 tokens ahead."""
+    weights = tiny_model("tiny-llama", 4, vocab_size=300, init_std=0.3)
+    target = HFModel(weights, "t")
+    cycle = torch.tensor([10, 20, 30, 40, 50, 60, 70])
+    sequences = []
+    for i in range(24):
+        ids = torch.cat([torch.tensor([5 + i % 3]), cycle.roll(-(i % 7)).repeat(4)])
+        sequences.append(Sequence(ids, 1, torch.zeros(0, 1), torch.zeros(0, 1)))
+    config = type("Config", (), {"epochs": 200.0, "lr": 1e-2, "batch_tokens": 256, "seed": 0})()
+    vocab = torch.arange(300)
+    with Progress(disable=True) as progress:
+        heads, record = train_heads(target, sequences[:20], sequences[20:], config, vocab, progress)
+    assert all(after > 0.7 for after in record["held_out_accuracy_after"]), record["held_out_accuracy_after"]
+    assert (
+        record["held_out_accuracy_before"][0] < 0.5
+        and record["curve"][-1]["loss"] < record["curve"][0]["loss"]
+    )
+
+
+def write_heads(cache, target_source: str, hidden: int, vocab: int, heads: int = 2) -> None:
+    folder = cache / "drafters" / target_source / "medusa"
+    module = medusa.MedusaHeads(hidden, heads)
+    medusa.save(
+        folder, module, {"heads": heads, "hidden_size": hidden, "vocab_size": vocab, "draft_vocab": None}
+    )
+
+
+def recipe(tmp_path, method: str = "medusa", drafter: str = "heads", of: str = "target") -> dict:
+    return {
+        "name": "medusa",
+        "generation": {"max_new_tokens": 10},
+        "models": {
+            "target": {"source": "tiny-llama", "dtype": "float64", "options": {"vocab_size": 300}},
+            "heads": {"source": "medusa:tiny-llama/medusa", "options": {"of": of}},
+            "draft": {"source": "tiny-llama", "dtype": "float64", "options": {"vocab_size": 300, "seed": 1}},
+        },
+        "datasets": [{"task": "arithmetic", "limit": 2}],
+        "methods": [
+            {"name": "ar", "method": "autoregressive", "target": "target"},
+            {"name": "m", "method": method, "target": "target", "drafter": drafter, "params": {"depth": 2}},
+            {
+                "name": "sd",
+                "method": "speculative",
+                "target": "target",
+                "drafter": "draft",
+                "params": {"k": 2},
+            },
+        ],
+    }
+
+
+def run(tmp_path, data: dict, out: str = "out"):
+    path = tmp_path / f"{out}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return CliRunner().invoke(app, ["run", str(path), "--output-dir", str(tmp_path / out)])
+
+
+def test_a_medusa_recipe_runs_lossless_and_bad_pairings_are_recipe_errors(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    write_heads(tmp_path / "cache", "tiny-llama", 32, 300)
+    result = run(tmp_path, recipe(tmp_path))
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (tmp_path / "out" / "examples.jsonl").read_text().splitlines()]
+    assert all(row["divergence_class"] == "identical" for row in rows if row["method"] == "medusa")
+    bad = {
+        "speculative with heads": (recipe(tmp_path, "speculative"), "cannot use it"),
+        "medusa with a model": (recipe(tmp_path, drafter="draft"), "drafts with heads"),
+        "heads of another model": (recipe(tmp_path, of="draft"), "set models.heads.options.of: target"),
+    }
+    for label, (data, fix) in bad.items():
+        result = run(tmp_path, data, "bad")
+        assert result.exit_code == 2 and fix in result.output and "\n" not in result.output.strip(), label
+
+
+def test_heads_of_another_target_are_refused_before_the_first_row(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    write_heads(tmp_path / "cache", "tiny-llama", 64, 300)  # trained for a 64-wide target
+    target = sources.load(
+        sources.ModelRequest("target", "tiny-llama", "float64", "cpu", options=(("vocab_size", 300),))
+    )
+    request = sources.ModelRequest("heads", "medusa:tiny-llama/medusa", options=(("of", "target"),))
+    with pytest.raises(SpecbenchError, match=r"models\.heads\.options\.of: .*hidden_size of 64.*has 32"):
+        sources.load(request, {"target": target}.__getitem__)
+    missing = sources.ModelRequest("heads", "medusa:tiny-llama/other", options=(("of", "target"),))
+    with pytest.raises(SpecbenchError, match=r"no Medusa heads .* `specbench distill --size medusa`"):
+        sources.load(missing, {"target": target}.__getitem__)
