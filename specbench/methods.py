@@ -113,6 +113,9 @@ class Method:
     # the most candidates one verification holds, for each draft length the cell uses: the compiled
     # engine compiles a pass of each + 1 tokens (shorter passes pad up to one, longer run eagerly)
     draft_lengths: Callable[[dict], tuple[int, ...]] = k_draft_length
+    # the most nodes of each token tree the cell verifies or drafts (tree methods): the compiled engine
+    # compiles a tree pass of each + 1 tokens
+    tree_sizes: Callable[[dict], tuple[int, ...]] = lambda params: ()
     # bumped when the algorithm's outputs or counts change for the same parameters: above 1 it enters
     # the cells' fingerprints, so a resumed run recomputes those rows instead of mixing two versions
     revision: int = 1

@@ -213,3 +213,25 @@ def test_a_tree_recipe_runs_lossless_end_to_end(tmp_path):
     recipe.write_text(yaml.safe_dump(data))
     result = CliRunner().invoke(app, ["run", str(recipe), "--output-dir", str(tmp_path / "bad")])
     assert result.exit_code == 2 and "use nodes >= depth" in result.output
+
+
+def test_compiled_tree_passes_run_their_padded_bucket_and_match_eager(tiny_model):
+    weights = tiny_model("tiny-llama", 3, vocab_size=300, layers=2)
+    eager = HFModel(weights, "e")
+    compiled = engine_model(weights, "c", "compiled")
+    for hidden in (False, True):  # a bucket of 7 tokens: trees of 4 nodes are padded
+        compiled.prepare(64, (2,), hidden=hidden, tree_sizes=(6,))
+    prompt = torch.tensor([5, 6, 7, 8])
+    tree = TokenTree(torch.arange(20, 24), (-1, -1, 0, 2))
+    for model in (eager, compiled):
+        model.start(prompt)
+        model.score(torch.tensor([9]), 0)  # the prefill; the cache then lacks only the last token
+    passes = [model.score_tree(torch.tensor([9, 10]), tree, hidden=("last",)) for model in (eager, compiled)]
+    assert ("tree", 7, compiled.capacity, True) in compiled._compiled
+    torch.testing.assert_close(passes[1].logits, passes[0].logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(passes[1].hidden["last"], passes[0].hidden["last"], rtol=1e-5, atol=1e-5)
+    for model in (eager, compiled):
+        model.keep_path([0, 2])
+    after = [model.score(torch.tensor([9, 10, 20, 22, 42]), 0).logits for model in (eager, compiled)]
+    torch.testing.assert_close(after[1], after[0], rtol=1e-5, atol=1e-5)
+    assert compiled.counter.snapshot()["tokens_scored"] == eager.counter.snapshot()["tokens_scored"]

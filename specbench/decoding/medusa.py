@@ -86,5 +86,6 @@ METHODS = (
         lossless=always,
         no_replay="the target scores token trees and hands its hidden states to the heads",
         draft_lengths=lambda params: (),
+        tree_sizes=lambda params: tree_speculative.tree_sizes(params)[-1:],
     ),
 )

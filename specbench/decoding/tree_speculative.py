@@ -270,6 +270,16 @@ def _run(params: dict, target: HFModel, drafter: HFModel, r: Request) -> Generat
     )
 
 
+def tree_sizes(params: dict) -> tuple[int, ...]:
+    """The node counts of a step's tree passes: the drafter's at each level (every node so far), the
+    target's (at most ``nodes`` when greedy; a sampled tree keeps all)."""
+    sizes, total = [], 0
+    for level in range(params["depth"]):
+        total += params["branch"] * (1 if level == 0 else params["frontier"])
+        sizes.append(total)
+    return (*sizes[:-1], min(params["nodes"], total)) if len(sizes) > 1 else (min(params["nodes"], total),)
+
+
 def check_tree(params: dict, spec, generation) -> tuple[str, str, str] | None:
     if params["nodes"] < params["depth"]:
         return "nodes", f"nodes {params['nodes']} is below depth {params['depth']}", "use nodes >= depth"
@@ -296,5 +306,6 @@ METHODS = (
         lossless=always,
         no_replay="the target scores token trees, which a replay of its output cannot",
         draft_lengths=lambda params: (),
+        tree_sizes=tree_sizes,
     ),
 )

@@ -78,6 +78,8 @@ class CompiledHFModel(HFModel):
             # inductor reads these when it compiles (in _compile); torch.compile's options= drops freezing
             self._options = QUICK_OPTIONS if quick else CPU_OPTIONS
         self.buckets: tuple[int, ...] = (1,)
+        self.tree_buckets: tuple[int, ...] = ()  # tree passes: committed token + nodes, padded up
+        self._tree_inputs: dict[tuple, tuple[torch.Tensor, ...]] = {}  # (bucket, capacity) -> buffers
         self.capacity = 0
         self.compile_seconds = 0.0
         self._compiled: set[tuple] = set()  # (bucket, capacity, with hidden states) already compiled
@@ -86,16 +88,20 @@ class CompiledHFModel(HFModel):
 
     # -- set-up -------------------------------------------------------------------------------
 
-    def prepare(self, longest: int, draft_lengths=(), hidden: bool = False) -> float:
+    def prepare(self, longest: int, draft_lengths=(), hidden: bool = False, tree_sizes=()) -> float:
         """Size the cache for sequences of up to ``longest`` positions (prompt + generation + k + 1)
-        and compile the passes of 1 and k + 1 tokens for each k (``hidden``: the graphs that also
-        return hidden states); returns the seconds compiling took."""
+        and compile the passes of 1 and k + 1 tokens for each k, and the tree passes of 1 + n tokens
+        for each tree of n nodes (``hidden``: the graphs that also return hidden states); returns the
+        seconds compiling took."""
         buckets = sorted({1, *(k + 1 for k in draft_lengths if k > 0), *self.buckets})
+        self.tree_buckets = tuple(sorted({*(n + 1 for n in tree_sizes if n > 0), *self.tree_buckets}))
         before = self.compile_seconds
         self._reserve(longest, buckets)
         with torch.inference_mode():
             for bucket in self.buckets:
                 self._compile(bucket, hidden)
+            for bucket in self.tree_buckets:
+                self._compile_tree(bucket, hidden)
         return self.compile_seconds - before
 
     def _reserve(self, longest: int, buckets) -> None:
@@ -104,7 +110,7 @@ class CompiledHFModel(HFModel):
             b: self._inputs.get(b, torch.zeros((1, b), dtype=torch.long, device=self.device))
             for b in self.buckets
         }
-        needed = -(-(longest + max(buckets)) // CAPACITY_STEP) * CAPACITY_STEP
+        needed = -(-(longest + max((*buckets, *self.tree_buckets))) // CAPACITY_STEP) * CAPACITY_STEP
         if needed <= self.capacity:
             return
         self.capacity = needed
@@ -192,36 +198,87 @@ class CompiledHFModel(HFModel):
     @torch.inference_mode()
     def score_tree(self, tokens: torch.Tensor, tree: TokenTree, hidden: tuple[Layer, ...] = ()) -> Pass:
         """:meth:`HFModel.score_tree` on the static cache: the nodes' entries are written after the
-        committed positions, and the mask spans the whole cache (what lies past them is masked). The
-        pass runs eagerly: trees are not among the compiled shapes yet."""
+        committed positions, and the mask spans the whole cache (what lies past them is masked). A
+        pass of up to a tree bucket's tokens runs that bucket's compiled graph, padded with rows that
+        attend only to themselves (their entries lie past the pointer afterwards); a longer one (the
+        prefill) runs eagerly."""
         tokens, nodes = tokens.to(self.device), tree.tokens.to(self.device)
         total = self._prefix.shape[0] + tokens.shape[0]
-        if total + len(tree) + self.buckets[-1] > self.capacity:
+        if total + len(tree) + max((*self.buckets, *self.tree_buckets)) > self.capacity:
             self._reserve(total + len(tree), self.buckets)
         keep = min(self._cached, total - 1)
         committed = torch.cat([self._prefix, tokens])[keep:]
         fed = committed.shape[0] + len(tree)
+        bucket = next((b for b in self.tree_buckets if b >= fed), None)
+        if bucket is not None and ("tree", bucket, self.capacity, bool(hidden)) not in self._compiled:
+            self._compile_tree(bucket, bool(hidden))  # outside the counter's time
+            return self.score_tree(tokens, tree, hidden)
         dtype = self.model.get_input_embeddings().weight.dtype
-        mask = torch.full((1, 1, fed, self.capacity), torch.finfo(dtype).min, dtype=dtype, device=self.device)
-        mask[..., : keep + fed] = tree_attention(committed.shape[0], keep, tree, dtype, self.device)
+        size = fed if bucket is None else bucket
+        ids, mask, positions = self._tree_buffers(size, dtype) if bucket else self._tree_scratch(size, dtype)
+        ids[0, :fed] = torch.cat([committed, nodes])
+        mask[..., :fed, : keep + fed] = tree_attention(committed.shape[0], keep, tree, dtype, self.device)
+        positions[0, :fed] = tree_positions(total, committed.shape[0], tree, self.device)[0]
+        for row in range(fed, size):  # padding rows see themselves only
+            mask[0, 0, row, keep + row] = 0
         self._point(keep)
         started = self.counter.begin(self.device)
-        output = self.model(
-            input_ids=torch.cat([committed, nodes])[None],
-            attention_mask=mask,
-            position_ids=tree_positions(total, committed.shape[0], tree, self.device),
-            **{self._cache_argument: self._cache},
-            use_cache=True,
-            logits_to_keep=len(tree) + 1,
-            output_hidden_states=bool(hidden),
-        )
-        self._held += fed
+        if bucket:
+            output = self._run_tree(ids, mask, positions, bool(hidden))
+        else:  # only the rows after the root and the nodes go through the LM head
+            output = self._tree_eager(ids, mask, positions, bool(hidden), len(tree) + 1)
+        self._point(keep + fed)  # a padded bucket's extra entries become stale
         self.counter.end(started, fed, self.device)
-        rows = slice(-(len(tree) + 1), None)
+        rows = slice(fed - len(tree) - 1, fed)
+        logits = output.logits[0, rows] if bucket else output.logits[0]
         states = pick_hidden(output.hidden_states, hidden, rows, self.name) if hidden else {}
+        if bucket is not None and self.device.type == "cuda":  # a CUDA graph's next replay overwrites
+            logits = logits.clone()
+            states = {layer: state.clone() for layer, state in states.items()}
         self._cached = total
         self._tree = (total, len(tree))
-        return Pass(output.logits[0, rows], states)
+        return Pass(logits, states)
+
+    def _tree_scratch(self, size: int, dtype) -> tuple[torch.Tensor, ...]:
+        """Fresh (ids, mask, positions) for an eager tree pass of ``size`` tokens."""
+        ids = torch.zeros((1, size), dtype=torch.long, device=self.device)
+        mask = torch.full(
+            (1, 1, size, self.capacity), torch.finfo(dtype).min, dtype=dtype, device=self.device
+        )
+        return ids, mask, torch.zeros((1, size), dtype=torch.long, device=self.device)
+
+    def _tree_buffers(self, bucket: int, dtype) -> tuple[torch.Tensor, ...]:
+        """The bucket's input buffers (a compiled graph, a CUDA graph most of all, reads the same
+        tensors every call), the mask reset to "sees nothing"."""
+        key = (bucket, self.capacity)
+        if key not in self._tree_inputs:
+            self._tree_inputs[key] = self._tree_scratch(bucket, dtype)
+        ids, mask, positions = self._tree_inputs[key]
+        mask.fill_(torch.finfo(dtype).min)
+        return ids, mask, positions
+
+    def _compile_tree(self, bucket: int, hidden: bool) -> None:
+        """Run (and so compile) the tree graph of ``bucket`` tokens on scratch positions."""
+        key = ("tree", bucket, self.capacity, hidden)
+        if key in self._compiled:
+            return
+        dtype = self.model.get_input_embeddings().weight.dtype
+        ids, mask, positions = self._tree_buffers(bucket, dtype)
+        mask[0, 0, :, :bucket] = torch.zeros(bucket, bucket, dtype=dtype).masked_fill(
+            ~torch.ones(bucket, bucket, dtype=torch.bool).tril(), torch.finfo(dtype).min
+        )
+        positions[0] = torch.arange(bucket, device=self.device)
+        started = time.perf_counter()
+        with self.counter.kept(), torch._inductor.config.patch(self._options):
+            for _ in range(2):  # reduce-overhead records its CUDA graph on the second call
+                self._point(0)
+                self._run_tree(ids, mask, positions, hidden)
+            self._point(0)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        self.compile_seconds += time.perf_counter() - started
+        self._compiled.add(key)
+        self._cached = 0  # the scratch passes overwrote the cache: the next pass recomputes the prefix
 
     @torch.inference_mode()
     def keep_path(self, path: list[int]) -> None:
@@ -247,6 +304,32 @@ class CompiledHFModel(HFModel):
             output_hidden_states=hidden,
         )
         self._held += bucket
+        return output
+
+    def _run_tree(self, ids, mask, positions, hidden: bool):
+        output = self._step(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            **{self._cache_argument: self._cache},
+            use_cache=True,
+            logits_to_keep=ids.shape[1],
+            output_hidden_states=hidden,
+        )
+        self._held += ids.shape[1]
+        return output
+
+    def _tree_eager(self, ids, mask, positions, hidden: bool, keep_logits: int):
+        output = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            **{self._cache_argument: self._cache},
+            use_cache=True,
+            logits_to_keep=keep_logits,
+            output_hidden_states=hidden,
+        )
+        self._held += ids.shape[1]
         return output
 
     def _eager(self, new: torch.Tensor, keep_logits: int, hidden: bool):
