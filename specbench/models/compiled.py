@@ -33,7 +33,7 @@ from transformers import StaticCache
 
 from specbench.models.base import Layer, Pass, pick_hidden
 from specbench.models.hf import HFModel
-from specbench.models.tree import TokenTree, tree_attention, tree_positions
+from specbench.models.tree import TokenTree, move_path_entries, tree_attention, tree_positions
 
 ENGINES = ("eager", "compiled")
 
@@ -285,11 +285,7 @@ class CompiledHFModel(HFModel):
         """Copy the accepted nodes' entries next to the committed ones, in place (the graphs are
         guarded on the cache tensors' addresses), and move the pointer behind them."""
         start, _ = self._tree
-        if path:
-            where = torch.tensor([start + node for node in path], device=self.device)
-            for layer in self._cache.layers:
-                layer.keys[..., start : start + len(path), :] = layer.keys.index_select(-2, where)
-                layer.values[..., start : start + len(path), :] = layer.values.index_select(-2, where)
+        move_path_entries(self._cache.layers, start, path, self.device)
         self._point(start + len(path))
         self._cached = start + len(path)
 

@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
 from specbench.models.base import ForwardCounter, Layer, Pass, pick_hidden
-from specbench.models.tree import TokenTree, tree_attention, tree_positions
+from specbench.models.tree import TokenTree, move_path_entries, tree_attention, tree_positions
 
 
 class HFModel:
@@ -151,11 +151,7 @@ class HFModel:
         """After :meth:`score_tree`: keep the entries of the tree nodes ``path`` (root to leaf) as the
         positions after the committed tokens, and forget the other nodes'."""
         start, _ = self._tree
-        if path:
-            where = torch.tensor([start + node for node in path], device=self.device)
-            for layer in self._cache.layers:
-                layer.keys[..., start : start + len(path), :] = layer.keys.index_select(-2, where)
-                layer.values[..., start : start + len(path), :] = layer.values.index_select(-2, where)
+        move_path_entries(self._cache.layers, start, path, self.device)
         extra = self._cache.get_seq_length() - (start + len(path))
         if extra:
             self._cache.crop(-extra)

@@ -92,3 +92,14 @@ def tree_positions(committed_total: int, committed_new: int, tree: TokenTree, de
     own = torch.arange(first, committed_total, device=device)
     depths = torch.tensor(tree.depths, dtype=torch.long, device=device)
     return torch.cat([own, committed_total - 1 + depths])[None]
+
+
+def move_path_entries(layers, start: int, path: list[int], device) -> None:
+    """Copy the KV entries of the tree nodes ``path`` (at ``start + node``) to ``start, start + 1, ...``
+    in place, in every cache layer: the accepted path then follows the committed positions."""
+    if not path:
+        return
+    where = torch.tensor([start + node for node in path], device=device)
+    for layer in layers:
+        layer.keys[..., start : start + len(path), :] = layer.keys.index_select(-2, where)
+        layer.values[..., start : start + len(path), :] = layer.values.index_select(-2, where)

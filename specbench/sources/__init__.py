@@ -60,6 +60,26 @@ class LoadContext:
     def where(self) -> str:
         return f"models.{self.request.name}"
 
+    def base_model(self, of, what: str):
+        """The recipe model ``of`` that a source builds on (early exit, heads), already loaded, or a
+        one-line error naming ``options.of``."""
+        from specbench.models.hf import HFModel
+
+        where = f"{self.where}.options"
+        if self.resolve is None:
+            raise SpecbenchError(where, f"{what} needs the recipe's other models", "load it through a recipe")
+        try:
+            base = self.resolve(of)
+        except KeyError:
+            raise SpecbenchError(
+                f"{where}.of", f"no model named {of!r}", "name a model under models:"
+            ) from None
+        if not isinstance(base, HFModel):
+            raise SpecbenchError(
+                f"{where}.of", f"{of!r} is not a neural model", "name the recipe's target model"
+            )
+        return base
+
 
 @dataclass(frozen=True)
 class Weights:

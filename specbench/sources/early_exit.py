@@ -14,7 +14,6 @@ NAME = "early-exit"
 
 def _load(context: LoadContext):
     from specbench.drafters.early_exit import early_exit_model, load_exit_head
-    from specbench.models.hf import HFModel
     from specbench.sources import wrap
 
     request, where = context.request, f"{context.where}.options"
@@ -26,14 +25,7 @@ def _load(context: LoadContext):
             "early-exit takes options of (a recipe model name), layers (an integer) and exit_head",
             "e.g. options: {of: target, layers: 4}",
         )
-    if context.resolve is None:
-        raise SpecbenchError(where, "early-exit needs the recipe's other models", "load it through a recipe")
-    try:
-        base = context.resolve(of)
-    except KeyError:
-        raise SpecbenchError(f"{where}.of", f"no model named {of!r}", "name a model under models:") from None
-    if not isinstance(base, HFModel):
-        raise SpecbenchError(f"{where}.of", f"{of!r} is not a neural model", "name the recipe's target model")
+    base = context.base_model(of, "early-exit")
     head = None
     if isinstance(exit_head, str) and exit_head.startswith(DISTILLED_PREFIX):
         exit_head = cache.distilled_dir(exit_head.removeprefix(DISTILLED_PREFIX))

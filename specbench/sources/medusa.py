@@ -19,26 +19,12 @@ def folder(source: str):
 
 def _load(context: LoadContext):
     from specbench.drafters import medusa
-    from specbench.models.hf import HFModel
 
     request, where = context.request, context.where
     of = request.opts.get("of")
     if of is None:
         raise SpecbenchError(f"{where}.options.of", "Medusa heads read a target's states", "add of: TARGET")
-    if context.resolve is None:
-        raise SpecbenchError(
-            where, "Medusa heads need the recipe's other models", "load them through a recipe"
-        )
-    try:
-        base = context.resolve(of)
-    except KeyError:
-        raise SpecbenchError(
-            f"{where}.options.of", f"no model named {of!r}", "name a model under models:"
-        ) from None
-    if not isinstance(base, HFModel):
-        raise SpecbenchError(
-            f"{where}.options.of", f"{of!r} is not a neural model", "name the recipe's target"
-        )
+    base = context.base_model(of, "Medusa heads")
     heads = medusa.load(folder(request.source), request.name, base, where)
     heads.origin = f"medusa heads {folder(request.source)} on {of}"
     return heads
