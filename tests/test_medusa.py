@@ -165,3 +165,27 @@ def test_heads_of_another_target_are_refused_before_the_first_row(tmp_path, monk
     missing = sources.ModelRequest("heads", "medusa:tiny-llama/other", options=(("of", "target"),))
     with pytest.raises(SpecbenchError, match=r"no Medusa heads .* `specbench distill --size medusa`"):
         sources.load(missing, {"target": target}.__getitem__)
+
+
+def test_the_vllm_export_holds_what_vllm_computes_the_same_logits_from(tmp_path, tiny_model):
+    """vLLM's Medusa: each block x + SiLU(W x + b), then the original LM head cut to token_map and
+    scattered back into the full vocabulary; the exported weights give our heads' logits."""
+    from safetensors.torch import load_file
+
+    target = HFModel(tiny_model("tiny-llama", 0, vocab_size=300), "t")
+    drafter = random_heads(target, 3, 1)
+    vocab = torch.tensor([0, 5, 7, 40, 299])
+    weight = target.model.get_output_embeddings().weight.detach()
+    medusa.save_vllm(tmp_path, drafter.heads, weight, vocab)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert (config["model_type"], config["num_heads"], config["truncated_vocab_size"]) == ("medusa", 3, 5)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    feature = torch.randn(32, dtype=torch.float64)
+    ours = medusa.MedusaDrafter("h", drafter.heads, medusa.draft_head(weight, vocab), "t").logits(feature)
+    for k in range(3):
+        w, b = tensors[f"blocks.{k}.layers.0.weight"], tensors[f"blocks.{k}.layers.0.bias"]
+        x = feature.float()
+        x = x + torch.nn.functional.silu(x @ w.T + b)
+        theirs = torch.full((300,), float("-inf"))
+        theirs[tensors["token_map"]] = x @ tensors["lm_heads.0.weight"][tensors["token_map"]].T
+        torch.testing.assert_close(ours[k].float(), theirs, rtol=1e-5, atol=1e-5)

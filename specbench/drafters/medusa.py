@@ -90,6 +90,41 @@ def save(folder: Path, heads: MedusaHeads, manifest: dict) -> None:
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
 
 
+def save_vllm(
+    folder: Path, heads: MedusaHeads, lm_head_weight: torch.Tensor, vocab: torch.Tensor | None
+) -> None:
+    """The heads in vLLM's Medusa checkpoint layout (``vllm/model_executor/models/medusa.py``):
+    ``config.json`` (model_type medusa, one residual layer per head with bias, the target's LM head as
+    ``original_lm_head``, the draft vocabulary as ``truncated_vocab_size``) and ``model.safetensors``
+    with ``blocks.{k}.layers.0.{weight,bias}``, ``lm_heads.0.weight`` (the full head, which vLLM cuts
+    down with ``token_map``) and ``token_map``. Pass the folder as vLLM's draft ``model`` with
+    ``method: medusa``."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab_size, hidden_size = lm_head_weight.shape
+    tensors = {"lm_heads.0.weight": lm_head_weight.detach().float().contiguous()}
+    for k, block in enumerate(heads.blocks):
+        tensors[f"blocks.{k}.layers.0.weight"] = block.linear.weight.detach().float().contiguous()
+        tensors[f"blocks.{k}.layers.0.bias"] = block.linear.bias.detach().float().contiguous()
+    if vocab is not None:
+        tensors["token_map"] = vocab.to(torch.long).contiguous()
+    save_file(tensors, str(folder / "model.safetensors"))
+    config = {
+        "model_type": "medusa",
+        "architectures": ["MedusaModel"],
+        "hidden_size": hidden_size,
+        "vocab_size": vocab_size,
+        "truncated_vocab_size": vocab_size if vocab is None else int(vocab.shape[0]),
+        "num_heads": len(heads.blocks),
+        "num_hidden_layers": 1,
+        "medusa_fc_bias": True,
+        "original_lm_head": True,
+        "torch_dtype": "float32",
+    }
+    (folder / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+
+
 def load(folder: Path, name: str, target, where: str) -> MedusaDrafter:
     """The heads in ``folder`` on ``target`` (an HFModel): refused with one line when they were
     trained for another hidden size or vocabulary."""

@@ -313,6 +313,7 @@ def _train_medusa(target, teacher: TeacherConfig, train, held_out, config: Stude
     }
     folder = cache.distilled_dir(f"{_slug(teacher.target)}/medusa")
     medusa.save(folder, heads, manifest)
+    medusa.save_vllm(folder / "vllm", heads, target.model.get_output_embeddings().weight, vocab)
     (folder / "distill.json").write_text(
         json.dumps({k: v for k, v in manifest.items() if k != "draft_vocab"}, indent=1)
     )
