@@ -189,3 +189,21 @@ def test_the_vllm_export_holds_what_vllm_computes_the_same_logits_from(tmp_path,
         theirs = torch.full((300,), float("-inf"))
         theirs[tensors["token_map"]] = x @ tensors["lm_heads.0.weight"][tensors["token_map"]].T
         torch.testing.assert_close(ours[k].float(), theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_plan_prices_tree_and_medusa_cells(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    write_heads(tmp_path / "cache", "tiny-llama", 32, 300)
+    data = recipe(tmp_path)
+    data["methods"].append(
+        {"name": "tree", "method": "tree_speculative", "target": "target", "drafter": "draft"}
+    )
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(app, ["plan", str(path), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)
+    cells = {cell["method"]: cell for cell in plan["cells"]}
+    assert "lower bound" in cells["medusa"]["rule"] and "lower bound" in cells["tree_speculative"]["rule"]
+    heads = next(m for m in plan["models"] if m["name"] == "heads")
+    assert heads["params"] == 2 * (32 * 32 + 32) and heads["shares"] == "target"

@@ -116,6 +116,11 @@ RULES = {
     "token_cascade": "small model T passes, large model T (1-α) (α read as the share of tokens kept)",
     "seq_cascade": "small model T passes, large model T (1-α) (α read as the share of answers kept)",
     "oracle_cascade": "both models score every position: T passes each",
+    "tree_speculative": "target as speculative with k = depth (a tree accepts at least what its best "
+    "chain would: E is a lower bound), each pass over up to `nodes` tokens; drafter: depth passes per "
+    "target pass, over the tree so far",
+    "medusa": "target as speculative with k = depth (a lower bound, as for trees), each pass over up to "
+    "`nodes` tokens; the heads: one evaluation per target pass",
 } | {method: SPECULATIVE_RULE for method in DRAFT_K}
 
 
@@ -136,6 +141,10 @@ def expected_passes(cell, tokens: float, alpha: float) -> tuple[dict[str, float]
         k = budgets[-1]
         steps = tokens / leviathan_tokens_per_step(alpha, k)
         return {target: steps} | {d: b * steps for d, b in zip(drafters, budgets, strict=False)}, k
+    elif method in ("tree_speculative", "medusa"):
+        k = params["depth"]
+        steps = tokens / leviathan_tokens_per_step(alpha, k)
+        return {target: steps, drafters[0]: (k if method == "tree_speculative" else 1) * steps}, k
     elif method == "oracle_sd":
         return {target: tokens * (1 - alpha), drafters[0]: tokens}, None
     elif method in ("token_cascade", "seq_cascade"):
@@ -171,8 +180,8 @@ def build_plan(
             on_gpu = spec.device.startswith("cuda") or (spec.device == "auto" and gpu_planned)
             dtype = "bfloat16" if on_gpu else "float32"
         dtypes[name] = dtype
-    for name, spec in recipe.models.items():  # an early exit runs its base model's weights
-        if spec.source == "early-exit" and spec.options.get("of") in dtypes:
+    for name, spec in recipe.models.items():  # an early exit or heads run in their base model's dtype
+        if sources.source_of(spec.source).dtype_rule is None and spec.options.get("of") in dtypes:
             dtypes[name] = dtypes[spec.options["of"]]
     facts = {name: sources.model_facts(name, recipe.models, dtypes[name]) for name in recipe.models}
     models = []
