@@ -16,6 +16,7 @@ from specbench.errors import SpecbenchError
 from specbench.models import facts
 from specbench.pipeline import placement, plan
 from specbench.recipe import load_recipe, parse_recipe
+from specbench.sources import source_of
 from specbench.tasks import TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,7 +38,7 @@ def test_every_hub_id_of_a_shipped_recipe_has_facts():
     for path in (ROOT / "recipes").rglob("*.yaml"):
         for model in (yaml.safe_load(path.read_text()).get("models") or {}).values():
             sources.add(model["source"])
-    hub_ids = {s for s in sources if s.count("/") == 1 and not s.startswith(("distilled:", ".", "/", "~"))}
+    hub_ids = {s for s in sources if source_of(s).kind == "hub"}
     assert hub_ids and hub_ids <= set(facts.shipped_facts())
 
 
