@@ -151,6 +151,10 @@ def test_a_medusa_recipe_runs_lossless_and_bad_pairings_are_recipe_errors(tmp_pa
     for label, (data, fix) in bad.items():
         result = run(tmp_path, data, "bad")
         assert result.exit_code == 2 and fix in result.output and "\n" not in result.output.strip(), label
+    deep = recipe(tmp_path)
+    deep["methods"][1]["params"]["depth"] = 3  # the heads are 2
+    result = run(tmp_path, deep, "deep")
+    assert result.exit_code == 2 and "use depth <= 2" in result.output, result.output
 
 
 def test_heads_of_another_target_are_refused_before_the_first_row(tmp_path, monkeypatch):

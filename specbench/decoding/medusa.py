@@ -21,6 +21,7 @@ import torch
 from specbench.decoding import tree_speculative
 from specbench.decoding.generation import Generation
 from specbench.drafters.medusa import MedusaDrafter
+from specbench.errors import SpecbenchError
 from specbench.methods import Method, ParamSpec, Request, always
 from specbench.models.base import LAST, Pass
 from specbench.models.tree import TokenTree
@@ -55,7 +56,11 @@ class MedusaTreeDrafter:
 def _run(params: dict, target, drafter: MedusaDrafter, r: Request) -> Generation:
     heads = len(drafter.heads.blocks)
     if params["depth"] > heads:
-        raise ValueError(f"depth {params['depth']} exceeds the {heads} Medusa heads of {drafter.name}")
+        raise SpecbenchError(
+            "params.depth",
+            f"depth {params['depth']} needs {params['depth']} Medusa heads; {drafter.name} has {heads}",
+            f"use depth <= {heads}, or train more heads",
+        )
     return tree_speculative.generate(
         target,
         MedusaTreeDrafter(drafter),
