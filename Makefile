@@ -18,7 +18,7 @@ DEMO_OUT    ?= results/quickstart
 DATA_DIR    ?= $(or $(SPECBENCH_DATA_DIR),../shared/data)
 CACHE       ?= $(or $(SPECBENCH_CACHE),$(HOME)/.cache/specbench)
 
-.PHONY: install demo test test-slow lint bench drafts drafts-exit reproduce-table2 reproduce-table2-tiny clean-venv
+.PHONY: install demo test test-slow lint bench drafts heads drafts-exit reproduce-table2 reproduce-table2-tiny clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -53,6 +53,11 @@ drafts: install
 	$(BIN)/specbench distill --target smollm2-135m-instruct --size small --size base --data-dir $(DATA_DIR)
 	$(BIN)/specbench bigram build --tokenizer smollm2-135m-instruct --out $(CACHE)/drafters/smollm2-135m-instruct/bigram.json \
 		--corpus $(DATA_DIR)/gsm8k/train.jsonl --corpus $(DATA_DIR)/mmlu/dev.jsonl --corpus $(DATA_DIR)/alpaca_seed/train.jsonl
+
+## heads: 4 Medusa-1 heads on SmolLM2-135M-Instruct's last hidden state (reuses the teacher data `make
+## drafts` cached), saved in specbench's and vLLM's Medusa layouts.
+heads: install
+	$(BIN)/specbench distill --target smollm2-135m-instruct --size medusa --data-dir $(DATA_DIR)
 
 ## drafts-exit: the distilled exit head of SmolLM2's 4-layer early-exit self-draft (reuses the teacher
 ## data `make drafts` cached).
