@@ -209,6 +209,9 @@ def test_a_tree_recipe_runs_lossless_end_to_end(tmp_path):
     rows = [json.loads(line) for line in (out / "examples.jsonl").read_text().splitlines()]
     trees = [row for row in rows if row["method"] == "tree_speculative"]
     assert len(trees) == 4 and all(row["divergence_class"] == "identical" for row in trees)
+    report = CliRunner().invoke(app, ["report", str(out)])
+    rows = [line for line in report.output.splitlines() if line.startswith("│ tree")]
+    assert [row.split()[1] for row in rows] == ["tree[depth=2]", "tree[depth=4]"]  # labels are no markup
     data["methods"][1]["params"]["nodes"] = 1
     recipe.write_text(yaml.safe_dump(data))
     result = CliRunner().invoke(app, ["run", str(recipe), "--output-dir", str(tmp_path / "bad")])

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from specbench.errors import SpecbenchError
 from specbench.pipeline.results import CELLS
@@ -226,7 +227,7 @@ def emit(
         for column in group.columns:
             table.add_column(column, justify="left" if column in LEFT_COLUMNS else "right")
         for record in group.itertuples(index=False):
-            table.add_row(*(str(v) for v in record))
+            table.add_row(*(Text(str(v)) for v in record))  # Text: "medusa[depth=4]" is no markup
         console.print(table)
         if name in captions:
             console.print(captions[name], markup=False)

@@ -29,6 +29,7 @@ import pandas as pd
 import yaml
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from specbench.errors import SpecbenchError
 from specbench.pipeline.datasets import DatasetRun
@@ -245,7 +246,7 @@ def _print_round(console: Console, records: list[dict], metric: str) -> None:
         mine = [r for r in records if r["dataset"] == dataset]
         for r in sorted(mine, key=lambda r: (r["method"], not r["kept"], -r[metric])):
             table.add_row(
-                r["cell"],
+                Text(r["cell"]),  # plain text: "sd[k=4]" is no markup
                 str(r["examples"]),
                 f"{r['swi_ms']:.3f}",
                 f"{r['swi_pw']:.3f}",
