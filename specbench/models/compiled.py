@@ -134,12 +134,17 @@ class CompiledHFModel(HFModel):
         key = (bucket, self.capacity, hidden)
         if key in self._compiled:
             return
-        self._point(0)
+        self._warm(key, lambda: self._run(self._inputs[bucket], bucket, hidden))
+
+    def _warm(self, key: tuple, run) -> None:
+        """Run a graph twice on scratch positions (compiling it; reduce-overhead records its CUDA
+        graph on the second call), outside the counters, and add the time to ``compile_seconds``."""
         started = time.perf_counter()
         with self.counter.kept(), torch._inductor.config.patch(self._options):
-            for _ in range(2):  # reduce-overhead records its CUDA graph on the second call
-                self._run(self._inputs[bucket], bucket, hidden)
+            for _ in range(2):
                 self._point(0)
+                run()
+            self._point(0)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
         self.compile_seconds += time.perf_counter() - started
@@ -268,17 +273,7 @@ class CompiledHFModel(HFModel):
             ~torch.ones(bucket, bucket, dtype=torch.bool).tril(), torch.finfo(dtype).min
         )
         positions[0] = torch.arange(bucket, device=self.device)
-        started = time.perf_counter()
-        with self.counter.kept(), torch._inductor.config.patch(self._options):
-            for _ in range(2):  # reduce-overhead records its CUDA graph on the second call
-                self._point(0)
-                self._run_tree(ids, mask, positions, hidden)
-            self._point(0)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-        self.compile_seconds += time.perf_counter() - started
-        self._compiled.add(key)
-        self._cached = 0  # the scratch passes overwrote the cache: the next pass recomputes the prefix
+        self._warm(key, lambda: self._run_tree(ids, mask, positions, hidden))
 
     @torch.inference_mode()
     def keep_path(self, path: list[int]) -> None:
