@@ -211,3 +211,32 @@ def test_plan_prices_tree_and_medusa_cells(tmp_path, monkeypatch):
     assert "lower bound" in cells["medusa"]["rule"] and "lower bound" in cells["tree_speculative"]["rule"]
     heads = next(m for m in plan["models"] if m["name"] == "heads")
     assert heads["params"] == 2 * (32 * 32 + 32) and heads["shares"] == "target"
+
+
+def test_a_compiled_medusa_cell_compiles_its_state_graphs_before_the_first_timed_example(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    write_heads(tmp_path / "cache", "tiny-llama", 32, 300)
+    data = recipe(tmp_path)
+    data["engine"] = "compiled"
+    data["methods"] = data["methods"][:2]
+    data["models"].pop("draft")
+    from specbench.models.compiled import CompiledHFModel
+
+    original, compiled_during_passes = CompiledHFModel.score_tree, []
+
+    def score_tree(self, *args, **kwargs):
+        before = len(self._compiled)
+        scored = original(self, *args, **kwargs)
+        compiled_during_passes.append(len(self._compiled) - before)
+        return scored
+
+    monkeypatch.setattr(CompiledHFModel, "score_tree", score_tree)
+    result = run(tmp_path, data)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (tmp_path / "out" / "examples.jsonl").read_text().splitlines()]
+    medusa_rows = [row for row in rows if row["method"] == "medusa"]
+    assert medusa_rows[0]["compile_s"] > 0 and all(row["compile_s"] == 0 for row in medusa_rows[1:])
+    assert all(row["divergence_class"] == "identical" for row in medusa_rows)
+    assert compiled_during_passes and not any(compiled_during_passes)  # every graph compiled up front

@@ -200,8 +200,12 @@ class Measurer:
         longest = prompts + (dataset.max_new_tokens or self.recipe.generation.max_new_tokens)
         lengths = METHODS[cell.method].draft_lengths(cell.params)
         trees = METHODS[cell.method].tree_sizes(cell.params)
+        hidden = METHODS[cell.method].takes_heads  # heads read the target's states: its graphs return them
         with self.console.status(f"compiling {', '.join(m.name for m in compiled)} for {cell.id}"):
-            seconds = sum(model.prepare(longest, lengths, tree_sizes=trees) for model in compiled)
+            seconds = sum(
+                model.prepare(longest, lengths, hidden=hidden and model is models.target, tree_sizes=trees)
+                for model in compiled
+            )
         self.compile_pending[cell.id] = self.compile_pending.get(cell.id, 0.0) + seconds
 
     def measure(self, dataset: DatasetRun, cell: Cell, example: Example, models: CellModels) -> dict:
