@@ -101,6 +101,8 @@ def draft_tree(
             noise = -torch.log(-torch.log(torch.rand(rows.shape, generator=generator, device=device)))
             picked = torch.topk(torch.log(rows) + noise, width, dim=-1).indices
         first = len(parents)
+        if not sampling.greedy:  # whether each child has probability > 0: one transfer for the level
+            drawable = (rows.gather(-1, picked) > 0).flatten().tolist()
         for f, parent in enumerate(expand):
             for token in picked[f]:
                 parents.append(parent)
@@ -108,7 +110,7 @@ def draft_tree(
                 node_q.append(rows[f])
                 scores.append(score[parent] * rows[f, token])
         if not sampling.greedy:  # children a distribution cannot draw (probability 0) are no draws
-            keep = [i for i in range(len(parents)) if i < first or node_q[i][node_tokens[i]] > 0]
+            keep = [i for i in range(len(parents)) if i < first or drawable[i - first]]
             if len(keep) < len(parents):
                 parents, node_tokens, node_q, scores = _renumbered(keep, parents, node_tokens, node_q, scores)
         if level == depth - 1:

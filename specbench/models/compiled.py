@@ -171,10 +171,7 @@ class CompiledHFModel(HFModel):
         if total + self.buckets[-1] > self.capacity:  # a longer request than prepare() was told of
             self._reserve(total, self.buckets)
         keep = min(self._cached, total - n_candidates - 1)
-        if keep >= prefix_len:
-            new = tokens[keep - prefix_len :]
-        else:
-            new = torch.cat([self._prefix[keep:], tokens])
+        new = self._unseen(tokens, keep)
         fed = new.shape[0]
         bucket = next((b for b in self.buckets if b >= fed), None)
         if bucket is not None and (bucket, self.capacity, bool(hidden)) not in self._compiled:
@@ -212,7 +209,7 @@ class CompiledHFModel(HFModel):
         if total + len(tree) + max((*self.buckets, *self.tree_buckets)) > self.capacity:
             self._reserve(total + len(tree), self.buckets)
         keep = min(self._cached, total - 1)
-        committed = torch.cat([self._prefix, tokens])[keep:]
+        committed = self._unseen(tokens, keep)
         fed = committed.shape[0] + len(tree)
         bucket = next((b for b in self.tree_buckets if b >= fed), None)
         if bucket is not None and ("tree", bucket, self.capacity, bool(hidden)) not in self._compiled:

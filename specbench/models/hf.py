@@ -72,6 +72,14 @@ class HFModel:
             self._cache = DynamicCache()
         self._cached = 0
 
+    def _unseen(self, tokens: torch.Tensor, keep: int) -> torch.Tensor:
+        """Prefix + generated ``tokens`` from position ``keep`` on: what a pass must feed when the cache
+        holds ``keep`` positions (the prefix is copied only while the cache lacks part of it)."""
+        prefix_len = self._prefix.shape[0]
+        if keep >= prefix_len:
+            return tokens[keep - prefix_len :]
+        return torch.cat([self._prefix[keep:], tokens])
+
     def rollback(self, n_tokens: int) -> None:
         self._cached = min(self._cached, self._prefix.shape[0] + n_tokens)
 
@@ -84,10 +92,7 @@ class HFModel:
         held = self._cache.get_seq_length()
         if held > keep:
             self._cache.crop(keep - held)  # transformers 5 crops by a negative count
-        if keep >= prefix_len:
-            new = tokens[keep - prefix_len :]
-        else:
-            new = torch.cat([self._prefix[keep:], tokens])
+        new = self._unseen(tokens, keep)
         kwargs = {self._cache_argument: self._cache, "use_cache": True}
         if self._keeps_logits:
             kwargs["logits_to_keep"] = n_candidates + 1
@@ -123,7 +128,7 @@ class HFModel:
         held = self._cache.get_seq_length()
         if held > keep:
             self._cache.crop(keep - held)
-        committed = torch.cat([self._prefix, tokens])[keep:]
+        committed = self._unseen(tokens, keep)
         fed = committed.shape[0] + len(tree)
         dtype = self.model.get_input_embeddings().weight.dtype
         kwargs = {
