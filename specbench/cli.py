@@ -60,6 +60,14 @@ def run(
     resume: bool = typer.Option(
         False, "--resume", help="Continue a run in OUTPUT_DIR, skipping finished rows."
     ),
+    allow_other_machine: bool = typer.Option(
+        False,
+        "--allow-other-machine",
+        help="With --resume into a directory measured on another machine (CPU, its bf16/AMX units, GPUs, "
+        "threads, torch build) or with a model now in another dtype or engine: measure this machine's "
+        "rows beside the first machine's, keyed and reported apart (refused without it: walltimes of two "
+        "machines never share a cell).",
+    ),
     repeats: int = typer.Option(
         None,
         "--repeats",
@@ -78,7 +86,7 @@ def run(
         "local",
         "--executor",
         help="local: measure in this process; ray: on the workers of a Ray cluster, this process staying "
-        "the only writer of OUTPUT_DIR (needs pip install 'specbench-llm[ray]').",
+        "the only writer of OUTPUT_DIR (needs pip install 'specbench-llm\\[ray]').",
     ),
     address: str = typer.Option(
         None,
@@ -119,7 +127,15 @@ def run(
     overrides = {"repeats": repeats, "schedule": schedule}
     loaded = loaded.model_copy(update={k: v for k, v in overrides.items() if v is not None})
     out = output_dir or Path("results") / loaded.name
-    Runner(loaded, out, limit=limit, resume=resume, console=err, executor=workers).run()
+    Runner(
+        loaded,
+        out,
+        limit=limit,
+        resume=resume,
+        console=err,
+        executor=workers,
+        allow_other_machine=allow_other_machine,
+    ).run()
     err.print(f"results written to {out} — see them with: specbench report {out}")
 
 

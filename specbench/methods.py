@@ -105,6 +105,9 @@ class Method:
     check: Check | None = None
     # the drafter is a set of heads on the target's hidden states (a source with heads=True)
     takes_heads: bool = False
+    # False: the method calls transformers' generate on the model's own module, so its cells run
+    # eagerly on any engine (nothing is compiled for them, and no compile time is charged)
+    runs_engine: bool = True
     # whether a cell with these parameters must reproduce the target's own output (checked against the
     # AR cell when greedy, and the condition for replaying the target)
     lossless: Callable[[dict], bool] = never

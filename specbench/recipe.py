@@ -224,6 +224,17 @@ class Recipe(_Strict):
             return "eager"
         return self.models[name].engine or self.engine
 
+    def dtype_of(self, name: str) -> str | None:
+        """The dtype model ``name`` loads in on this machine (``auto`` resolved, without loading it);
+        None for statistical drafters."""
+        spec = self.models[name]
+        if not _source(spec.source).neural:
+            return None
+        from specbench.models.devices import resolve_device
+        from specbench.sources import dtype_choice
+
+        return dtype_choice(spec.dtype, resolve_device(spec.device), spec.source)[0]
+
     def cells(self) -> list[Cell]:
         """Methods in recipe order; within one, the cartesian product of its grid in sorted-key order."""
         cells = []
@@ -325,10 +336,7 @@ def _model_payload(recipe: Recipe, name: str) -> dict:
     if recipe.engine_of(name) != "eager":
         payload["engine"] = recipe.engine_of(name)
     if spec.dtype == "auto" and _source(spec.source).dtype_rule is not None:
-        from specbench.models.devices import resolve_device
-        from specbench.sources import dtype_choice
-
-        resolved = dtype_choice("auto", resolve_device(spec.device), spec.source)[0]
+        resolved = recipe.dtype_of(name)
         if resolved != "float32":  # float32, the old resolution on CPU, keeps existing fingerprints
             payload["resolved_dtype"] = resolved
     return payload

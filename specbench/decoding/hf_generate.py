@@ -305,6 +305,7 @@ METHODS = (
         neural_drafter_only=True,
         lossless=always,
         no_replay=_CALLS_ITSELF,
+        runs_engine=False,
     ),
     Method(
         "hf_prompt_lookup",
@@ -313,5 +314,6 @@ METHODS = (
         {"k": DRAFT_LENGTH, "max_ngram": ParamSpec(int, 2, "longest n-gram prompt lookup matches", 1)},
         lossless=always,
         no_replay=_CALLS_ITSELF,
+        runs_engine=False,
     ),
 )

@@ -16,7 +16,8 @@ import pandas as pd
 from rich.console import Console
 
 from specbench.errors import SpecbenchError
-from specbench.pipeline.report import display_frame, emit, load_cells
+from specbench.pipeline.environment import machines_of, read_environment
+from specbench.pipeline.report import display_frame, emit, load_cells, measured_on
 from specbench.pipeline.results import CELLS
 
 MISSING = "—"
@@ -109,10 +110,17 @@ def render_compare(paths: list[Path], fmt: str = "table", console: Console | Non
         (dataset, group.drop(columns=["dataset"])) for dataset, group in frame.groupby("dataset", sort=False)
     ]
     first = runs[0][0]
+    machines = [measured_on(Path(path), label) for label, path in zip(labels(paths), paths, strict=True)]
+    ids = {tuple(machines_of(read_environment(Path(path)))) for path in paths}
+    if len(ids) > 1:
+        machines.append(
+            "The runs were measured on different machines or setups: tok/s X/first compares machines, "
+            "each speedup is over its own run's AR cell."
+        )
     note = (
         f"Cells matched on dataset and cell id. speedup: tokens/s over the AR cell of the same run; "
-        f"[low, high]: its 95% bootstrap interval where the run's {CELLS} has one. tok/s X/{first}: run X's "
-        f"tokens/s over {first}'s on the same cell (> 1: X is faster). —: the run has no such cell, or did "
-        "not measure the value (replayed cells have no time)."
+        f"[low, high]: its 95% bootstrap interval where the run's {CELLS} has one. tok/s X/{first}: run "
+        f"X's tokens/s over {first}'s on the same cell (> 1: X is faster). —: the run has no such cell, "
+        "or did not measure the value (replayed cells have no time)."
     )
-    return emit(frame, tables, fmt, note, console)
+    return emit(frame, tables, fmt, "\n".join([*machines, note]), console)

@@ -22,6 +22,7 @@ import torch
 
 from specbench import __version__
 from specbench.models.hf import HFModel
+from specbench.pipeline.machine import Machine, recorded_machine, session_machine, this_machine
 from specbench.pipeline.results import ENVIRONMENT, RESULTS_FORMAT, write_atomic
 
 
@@ -33,6 +34,8 @@ def write_environment(
         earlier = json.loads(path.read_text()) if path.exists() else {}
     except ValueError:
         earlier = {}
+    here = this_machine()
+    home = recorded_machine(earlier) or here
     env = {
         "results_format": RESULTS_FORMAT,
         "specbench": __version__,
@@ -47,6 +50,8 @@ def write_environment(
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "recipe": str(recipe.path),
         "seed": recipe.seed,
+        # the machine of the directory's first rows (machine.py); sessions name their own
+        "machine": {"id": home.id, "described": home.describe(), **home.to_json()},
         "models": {
             **earlier.get("models", {}),
             **{
@@ -69,6 +74,7 @@ def write_environment(
         "started": started,
         "ended": now() if ended else None,
         "rows": rows,
+        "machine": {"id": here.id, "described": here.describe(), **here.to_json()},
         **{key: env[key] for key in ("specbench", "git", "platform", "torch", "transformers", "cuda")},
         "gpu_samples": gpu or [],
         "collect_env": collect_env(),
@@ -76,6 +82,30 @@ def write_environment(
     sessions = [s for s in earlier.get("sessions", []) if s.get("started") != started]
     env["sessions"] = [*sessions, session]
     write_atomic(path, json.dumps(env, indent=2) + "\n")
+
+
+def read_environment(directory: Path) -> dict:
+    """A run directory's environment.json, or {} when it has none or it is unreadable (reports name
+    what they cannot tell; a run rewrites the file)."""
+    try:
+        data = json.loads((Path(directory) / ENVIRONMENT).read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def machines_of(environment: dict) -> dict[str, Machine]:
+    """Every machine that wrote rows into a directory, by id, the directory's own (first) machine
+    first."""
+    found = {}
+    home = recorded_machine(environment)
+    if home is not None:
+        found[home.id] = home
+    for session in environment.get("sessions") or []:
+        machine = session_machine(session, environment) if isinstance(session, dict) else None
+        if machine is not None and session.get("rows"):
+            found.setdefault(machine.id, machine)
+    return found
 
 
 def reset_peak_memory(device: torch.device) -> None:

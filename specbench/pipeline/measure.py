@@ -44,6 +44,7 @@ from specbench.models.replay import ReplayError, ReplayTarget
 from specbench.models.sampling import SamplingParams
 from specbench.pipeline.datasets import DatasetRun
 from specbench.pipeline.environment import gpu_sample, now, peak_memory_mb, reset_peak_memory
+from specbench.pipeline.machine import this_machine
 from specbench.pipeline.numerics import divergence_fields
 from specbench.pipeline.rows import build_row, divergence
 from specbench.recipe import Cell, Recipe
@@ -98,6 +99,10 @@ class Measurer:
         self.gpu_samples: list[dict] = []  # nvidia-smi at each cell's first and last row
         self.references: dict[str, dict] = {}  # rows by key that recorded() answers from
         self.compile_pending: dict[str, float] = {}  # compile seconds not yet in a row, by cell id
+        self.machine = this_machine()  # rows name the machine that timed them
+        # rows of a machine other than their directory's first carry its id in their keys
+        # (``run --allow-other-machine``), so the two machines' rows never stand for each other
+        self.key_scope: str | None = None
 
     def recorded(self, key: str) -> dict | None:
         """The recorded row of ``key``, if any (AR rows: what replay and the lossless check read)."""
@@ -147,6 +152,8 @@ class Measurer:
             parts.append(f"max_new_tokens={dataset.max_new_tokens}")
         if self.repeats > 1 and not cell.replay:  # rows measured once stay valid for repeats: 1
             parts.append(f"repeats={self.repeats}")
+        if self.key_scope is not None:
+            parts.append(f"machine={self.key_scope}")
         return _hash(*parts)
 
     def reference_key(self, dataset: DatasetRun, cell: Cell, example: Example) -> str | None:
@@ -194,7 +201,7 @@ class Measurer:
         """Compile every pass shape the cell's compiled models will run, before any timed example; the
         seconds go to the cell's next row as ``compile_s``, never into a walltime."""
         compiled = models.compiled()
-        if not compiled:
+        if not compiled or not METHODS[cell.method].runs_engine:
             return
         prompts = max(self._request(models.target, dataset, e).prompt_ids.shape[0] for e in dataset.examples)
         longest = prompts + (dataset.max_new_tokens or self.recipe.generation.max_new_tokens)
@@ -218,9 +225,15 @@ class Measurer:
             row["walltime_repeats"] = [g.walltime for g in repeats]
             row["ttft_repeats"] = [g.ttft for g in repeats]
         row["peak_memory_mb"] = peak
-        if models.compiled():
+        row["engine"] = self.engine(cell)
+        if row["engine"] == "compiled":
             row["compile_s"] = self.compile_pending.pop(cell.id, 0.0)
         return row
+
+    def engine(self, cell: Cell) -> str:
+        """The engine a cell's target runs on: its model's, except for methods that run transformers'
+        generate themselves (always eager)."""
+        return self.recipe.engine_of(cell.target) if METHODS[cell.method].runs_engine else "eager"
 
     def _measure(self, dataset: DatasetRun, cell: Cell, state, example: Example, check: bool):
         """One example, ``repeats`` times for a timed cell: every repeat must give the same outputs and
@@ -359,6 +372,7 @@ class Measurer:
             costs=cell_costs(self.recipe, cell, target, drafters),
             replay=replay,
         )
+        row["machine"] = self.machine.id
         if reference:  # a tie or a mismatch (numerics.py); the target's counters are left as they were
             row.update(
                 divergence_fields(

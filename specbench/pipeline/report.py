@@ -12,13 +12,14 @@ from rich.table import Table
 from rich.text import Text
 
 from specbench.errors import SpecbenchError
+from specbench.pipeline.environment import machines_of, read_environment
 from specbench.pipeline.results import CELLS
 
 FORMATS = ("table", "csv", "markdown", "latex")
 
 
-def load_cells(results: Path) -> pd.DataFrame:
-    """cells.csv of one run directory, or of every run directory below ``results``."""
+def run_directories(results: Path) -> list[Path]:
+    """``results`` when it is a run directory, else the run directories one level below it."""
     results = Path(results)
     files = [results / CELLS] if (results / CELLS).is_file() else sorted(results.glob(f"*/{CELLS}"))
     if not files:
@@ -27,8 +28,36 @@ def load_cells(results: Path) -> pd.DataFrame:
             f"no {CELLS} found here or one level below",
             "run `specbench run RECIPE --output-dir DIR` first, then report DIR",
         )
+    return [path.parent for path in files]
+
+
+def measured_on(directory: Path, label: str | None = None) -> str:
+    """``label: measured on <machine>; smollm2 bfloat16 (auto: this CPU has AMX), eager``: what a
+    run's times belong to, from its environment.json (every machine, where rows came from several)."""
+    environment = read_environment(directory)
+    machines = machines_of(environment)
+    where = (
+        " and ".join(f"{m.describe()} (machine {key})" for key, m in machines.items())
+        if len(machines) > 1
+        else next(iter(machines.values())).describe()
+        if machines
+        else "an unrecorded machine"
+    )
+    models = []
+    for name, model in (environment.get("models") or {}).items():
+        if isinstance(model, dict) and model.get("dtype"):
+            dtype = str(model["dtype"]).removeprefix("torch.")
+            why = (
+                f" ({model['dtype_reason']})" if str(model.get("dtype_reason", "")).startswith("auto") else ""
+            )
+            models.append(f"{name} {dtype}{why}, {model.get('engine') or 'eager'}")
+    return f"{label or directory.name}: measured on {where}" + (f"; {'; '.join(models)}" if models else "")
+
+
+def load_cells(results: Path) -> pd.DataFrame:
+    """cells.csv of one run directory, or of every run directory below ``results``."""
     frames = []
-    for path in files:
+    for path in (directory / CELLS for directory in run_directories(results)):
         frame = read_cells_csv(path)
         frame.insert(0, "run", path.parent.name)
         frames.append(frame)
@@ -75,6 +104,7 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
             f"recompute it: `specbench run RECIPE -o DIR --resume` rewrites {CELLS} from examples.jsonl",
         )
     quality = [c for c in cells.columns if c.startswith("quality_")]
+    several_machines = _several_machines(cells)
     rows = []
     for r in cells.to_dict("records"):
         row = {
@@ -95,9 +125,29 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
         for column in quality:
             row[column.removeprefix("quality_")] = format_num(r[column], 3)
         row["lossless"] = format_lossless(r)
+        row["engine"] = _engine(r)
+        if "compile_s" in cells.columns:  # seconds compiling before the timed rows, never in tok/s
+            row["compile s"] = format_num(r.get("compile_s", math.nan), 0)
         row["n"] = int(r["n"])
+        if several_machines:
+            row["machine"] = r["machine"]
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _engine(record: dict) -> str:
+    """A cell's engine; cells.csv files from before the column: compiled where compile time was charged."""
+    if isinstance(record.get("engine"), str):
+        return record["engine"]
+    compile_s = record.get("compile_s")
+    return "compiled" if isinstance(compile_s, float | int) and compile_s == compile_s else "eager"
+
+
+def _several_machines(cells: pd.DataFrame) -> bool:
+    """Whether some run of ``cells`` holds rows of more than one machine (run --allow-other-machine)."""
+    if "machine" not in cells.columns:
+        return False
+    return bool((cells.groupby("run")["machine"].nunique() > 1).any())
 
 
 def format_lossless(record: dict) -> str:
@@ -146,7 +196,8 @@ def render(results: Path, fmt: str = "table", console: Console | None = None) ->
         "parameter count; PW: prior-work table. speedup: tokens/s over the AR cell of the same run."
         + _bootstrap_note(cells)
     )
-    return emit(frame, list(_by_dataset(frame)), fmt, note, console, captions(cells))
+    machines = "\n".join(measured_on(directory) for directory in run_directories(results))
+    return emit(frame, list(_by_dataset(frame)), fmt, f"{machines}\n{note}", console, captions(cells))
 
 
 def captions(cells: pd.DataFrame) -> dict[str, str]:
@@ -157,7 +208,9 @@ def captions(cells: pd.DataFrame) -> dict[str, str]:
     if "speedup_vs_ar" not in cells.columns:
         return {}
     out = {}
-    for (run, dataset), group in cells.groupby(["run", "dataset"], sort=False):
+    several = _several_machines(cells)
+    keys = ["run", "dataset"] + (["machine"] if several else [])
+    for values, group in cells.groupby(keys, sort=False):
         drafting = group[(group["acceptance_length"] > 1) | (group["draft_acceptance_rate"].notna())]
         drafting = drafting[drafting["speedup_vs_ar"].notna() & (drafting["method"] != "autoregressive")]
         if drafting.empty:
@@ -167,7 +220,8 @@ def captions(cells: pd.DataFrame) -> dict[str, str]:
         text = f"why: {_gain(best)}"
         if worst["cell"] != best["cell"]:
             text += f"; {_gain(worst)}"
-        out[f"{run} · {dataset}"] = (
+        title = " · ".join(values[:2]) + (f" · machine {values[2]}" if several else "")
+        out[title] = (
             text + " (a step costs one target pass over k + 1 tokens plus drafting: it pays only where "
             "drafts are accepted)"
         )
@@ -251,8 +305,11 @@ def _bootstrap_note(cells: pd.DataFrame) -> str:
 
 
 def _by_dataset(frame: pd.DataFrame):
-    for (run, dataset), group in frame.groupby(["run", "dataset"], sort=False):
-        yield f"{run} · {dataset}", group.drop(columns=["run", "dataset"])
+    """One table per run and dataset, and per machine where a run holds several."""
+    keys = ["run", "dataset"] + (["machine"] if "machine" in frame.columns else [])
+    for values, group in frame.groupby(keys, sort=False):
+        title = " · ".join(values[:2]) + (f" · machine {values[2]}" if len(values) > 2 else "")
+        yield title, group.drop(columns=keys)
 
 
 def _markdown(frame: pd.DataFrame) -> str:

@@ -22,7 +22,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from specbench.errors import SpecbenchError
 from specbench.pipeline.datasets import DatasetRun, load_datasets
-from specbench.pipeline.environment import now, write_environment
+from specbench.pipeline.environment import machines_of, now, read_environment, write_environment
+from specbench.pipeline.machine import recorded_machine
 from specbench.pipeline.measure import CellModels, Measurer
 from specbench.pipeline.report import read_cells_csv
 from specbench.pipeline.results import (
@@ -54,6 +55,7 @@ class Runner(Measurer):
         console: Console | None = None,
         schedule: str | None = None,  # overrides the recipe's (tuning runs measure by cell)
         executor=None,  # measures the rows elsewhere (RayExecutor); None: in this process
+        allow_other_machine: bool = False,  # measure here beside another machine's rows, kept apart
     ):
         super().__init__(recipe, console)
         self.output_dir = Path(output_dir)
@@ -74,6 +76,7 @@ class Runner(Measurer):
         self.written = 0  # rows this process appended
         self.schedule = schedule or recipe.schedule
         self.executor = executor
+        self.allow_other_machine = allow_other_machine
 
     def recorded(self, key: str) -> dict | None:
         return self.log.by_key.get(key)
@@ -109,6 +112,8 @@ class Runner(Measurer):
                 f"[yellow]{escape(str(self.log.path))} line {bad.number} {escape(bad.why)}: moved to "
                 f"{REJECTED}; its row is computed again[/yellow]"
             )
+        environment = read_environment(self.output_dir)
+        self._check_same_setup(environment)
         done = self.log.done
         self._preflight(plan, done)
         written_before = self.written
@@ -138,10 +143,7 @@ class Runner(Measurer):
         if ran or not (self.output_dir / ENVIRONMENT).exists():
             self._write_environment(ended=True)
         if ran or not _readable(self.output_dir / CELLS):  # a resume that ran nothing rewrites nothing
-            write_cells_csv(
-                self.output_dir,
-                [row for dataset, cells in plan for c in cells for row in self.rows(dataset, c)],
-            )
+            self._write_cells(plan, read_environment(self.output_dir))
         if failed:
             raise SpecbenchError(
                 str(self.output_dir),
@@ -215,6 +217,55 @@ class Runner(Measurer):
             f"the gold answer of example {example.id} changed since its rows were scored",
             "run into a new --output-dir (or restore the data file these results were scored on)",
         )
+
+    def _check_same_setup(self, environment: dict) -> None:
+        """A directory holds one machine's walltimes, each model in one dtype on one engine: resuming
+        it elsewhere, or with a model that now resolves otherwise, is refused (machine.py), unless
+        ``allow_other_machine``, which keys this machine's rows apart from the first machine's."""
+        if not self.log.rows:
+            return
+        home, here = recorded_machine(environment), self.machine
+        fix = (
+            "run into a new --output-dir, or pass --allow-other-machine to measure this machine's rows "
+            "beside them (the report keeps the machines apart)"
+        )
+        if home is not None and home.id != here.id:
+            if not self.allow_other_machine:
+                raise SpecbenchError(
+                    str(self.output_dir),
+                    f"was measured on {home.describe()}; this is {here.describe()}: resuming would mix "
+                    "their walltimes",
+                    fix,
+                )
+            self.key_scope = here.id
+        recorded = environment.get("models") or {}
+        for name in self.recipe.models:
+            before = recorded.get(name)
+            if self.allow_other_machine or not isinstance(before, dict) or not before.get("dtype"):
+                continue
+            was = (str(before["dtype"]).removeprefix("torch."), before.get("engine") or "eager")
+            will = (self.recipe.dtype_of(name), self.recipe.engine_of(name))
+            if will != was:
+                raise SpecbenchError(
+                    f"{self.output_dir}: model {name}",
+                    f"was measured in {was[0]} on the {was[1]} engine; this recipe runs it in {will[0]} "
+                    f"on the {will[1]} engine on {here.describe()}",
+                    fix,
+                )
+
+    def _write_cells(self, plan: list[tuple[DatasetRun, list[Cell]]], environment: dict) -> None:
+        """cells.csv from the plan's rows of every machine that measured them (one, unless rows were
+        added with ``allow_other_machine``): summary.py keeps machines apart."""
+        home = recorded_machine(environment)
+        scopes = [None] + [m for m in machines_of(environment) if home is None or m != home.id]
+        kept, rows = self.key_scope, []
+        try:
+            for scope in scopes:
+                self.key_scope = scope
+                rows += [row for dataset, cells in plan for c in cells for row in self.rows(dataset, c)]
+        finally:
+            self.key_scope = kept
+        write_cells_csv(self.output_dir, rows, home.id if home else self.machine.id)
 
     def rows(self, dataset: DatasetRun, cell: Cell) -> list[dict]:
         """The recorded rows of ``cell`` on the examples of ``dataset`` that have one, in example order."""

@@ -151,6 +151,9 @@ def _timing(rows: list[dict]) -> dict:
     compiled = [r["compile_s"] for r in rows if "compile_s" in r]
     if compiled:  # cells on the compiled engine: the seconds compiling took, never in a walltime
         out["compile_s"] = sum(compiled)
+    # rows from before they named their engine: compiled ones were charged compile time
+    engines = {r.get("engine") or ("compiled" if "compile_s" in r else "eager") for r in rows}
+    out["engine"] = "+".join(sorted(engines))
     return out
 
 
@@ -193,41 +196,53 @@ def _mean(values) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-def summarise(rows: list[dict]) -> pd.DataFrame:
-    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+def summarise(rows: list[dict], machine: str | None = None) -> pd.DataFrame:
+    """One row per (dataset, cell, machine): rows timed on different machines (``machine``: the id
+    of rows that name none, from before rows did) are never summarised together, and each machine's
+    speedups are over its own AR rows."""
+    groups: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
     for row in rows:
-        groups[(row["dataset"], row["cell"])].append(row)
+        groups[(row["dataset"], row["cell"], _machine(row, machine))].append(row)
     table = pd.DataFrame([summarise_cell(g) for g in groups.values()])
     if table.empty:
         return table
-    ar_cells = table[table["method"] == "autoregressive"].set_index(["dataset", "target"])
+    table["machine"] = [key[2] for key in groups]
+    ar_cells = table[table["method"] == "autoregressive"].set_index(["dataset", "target", "machine"])
     table["speedup_vs_ar"] = [
-        row.tokens_per_s / ar_cells["tokens_per_s"].get((row.dataset, row.target), math.nan)
+        row.tokens_per_s / ar_cells["tokens_per_s"].get((row.dataset, row.target, row.machine), math.nan)
         for row in table.itertuples()
     ]
-    intervals = _speedup_intervals(list(groups.values()))
+    intervals = _speedup_intervals(list(groups.values()), machine)
     table["speedup_vs_ar_low"] = [low for low, _ in intervals]
     table["speedup_vs_ar_high"] = [high for _, high in intervals]
     # the cost coefficient c of the CS Drafting / Leviathan analysis, measured: time of one drafter
     # pass over time of one autoregressive target pass, same dataset and run
     ar_pass_ms = {key: json.loads(row["pass_ms"]).get(key[1], math.nan) for key, row in ar_cells.iterrows()}
     table["drafter_cost"] = [
-        row.drafter_pass_ms / ar_pass_ms.get((row.dataset, row.target), math.nan)
+        row.drafter_pass_ms / ar_pass_ms.get((row.dataset, row.target, row.machine), math.nan)
         for row in table.itertuples()
     ]
     return table
 
 
-def _speedup_intervals(groups: list[list[dict]]) -> list[tuple[float, float]]:
-    """Per cell, the paired bootstrap interval of its tokens/s over the AR cell's (same dataset and
-    target), on the examples both ran, resampled together; NaN without an AR cell or a measured time."""
+def _machine(row: dict, default: str | None) -> str:
+    return row.get("machine") or default or ""
+
+
+def _speedup_intervals(groups: list[list[dict]], machine: str | None) -> list[tuple[float, float]]:
+    """Per cell, the paired bootstrap interval of its tokens/s over the AR cell's (same dataset, target
+    and machine), on the examples both ran, resampled together; NaN without an AR cell or a time."""
+
+    def where(rows):
+        return rows[0]["dataset"], rows[0]["target"], _machine(rows[0], machine)
+
     ar = {}
     for rows in groups:
         if rows[0]["method"] == "autoregressive":
-            ar.setdefault((rows[0]["dataset"], rows[0]["target"]), rows)
+            ar.setdefault(where(rows), rows)
     intervals = []
     for rows in groups:
-        reference = ar.get((rows[0]["dataset"], rows[0]["target"]), [])
+        reference = ar.get(where(rows), [])
         by_id = {r["example_id"]: r for r in reference if r.get("example_id") is not None}
         pairs = [(r, by_id[r["example_id"]]) for r in rows if r.get("example_id") in by_id]
         if any(r.get("replayed") or b.get("replayed") for r, b in pairs):
@@ -244,7 +259,7 @@ def _speedup_intervals(groups: list[list[dict]]) -> list[tuple[float, float]]:
     return intervals
 
 
-def write_cells_csv(run_dir: Path, rows: list[dict]) -> pd.DataFrame:
-    table = summarise(rows)
+def write_cells_csv(run_dir: Path, rows: list[dict], machine: str | None = None) -> pd.DataFrame:
+    table = summarise(rows, machine)
     write_atomic(Path(run_dir) / CELLS, table.to_csv(index=False))
     return table

@@ -1,0 +1,215 @@
+"""A run directory is one machine's measurement: machines identified, recorded, never mixed silently."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from specbench.cli import app
+from specbench.errors import SpecbenchError
+from specbench.pipeline import machine as machine_module
+from specbench.pipeline.environment import machines_of
+from specbench.pipeline.machine import Machine, recorded_machine, session_machine, this_machine
+from specbench.pipeline.report import display_frame, load_cells
+from specbench.pipeline.runner import Runner
+from specbench.recipe import load_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+RECIPE = """\
+name: machines
+seed: 0
+warmup: 0
+generation: {max_new_tokens: 8, temperature: 0.0}
+models:
+  target: {source: tiny-llama, dtype: float64, options: {seed: 1, init_std: 0.3}}
+  lookup: {source: prompt-lookup}
+datasets:
+  - {task: arithmetic, limit: 3}
+methods:
+  - {name: ar, method: autoregressive, target: target}
+  - {name: sd, method: speculative, target: target, drafter: lookup, params: {k: 2}}
+"""
+
+OTHER = Machine("Other CPU (family 6, model 1)", ("avx2", "fma"), 2, 2, (), "2.13.0+cpu")
+
+
+def _recipe(tmp_path: Path, text: str = RECIPE):
+    path = tmp_path / "machines.yaml"
+    path.write_text(text)
+    return load_recipe(path)
+
+
+def _rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "examples.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def measured(tmp_path: Path) -> Path:
+    out = tmp_path / "run"
+    Runner(_recipe(tmp_path), out).run()
+    return out
+
+
+def _elsewhere(monkeypatch, machine: Machine = OTHER) -> None:
+    """Make this process measure as ``machine`` (runs, environment.json and rows ask machine.py)."""
+    for module in ("specbench.pipeline.measure", "specbench.pipeline.environment"):
+        monkeypatch.setattr(f"{module}.this_machine", lambda: machine)
+
+
+def test_this_machine_names_the_cpu_its_units_threads_and_torch():
+    import torch
+
+    here = this_machine()
+    assert here.threads == torch.get_num_threads() and here.torch == torch.__version__
+    assert here.cores >= 1 and here.cpu and len(here.id) == 12
+    text = here.describe()
+    assert here.cpu in text and f"{here.threads} threads" in text and here.matrix_units in text
+    assert Machine.from_json(json.loads(json.dumps(here.to_json()))) == here  # survives environment.json
+
+
+@pytest.mark.parametrize(
+    "flags, units",
+    [
+        (("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"), "AMX"),
+        (("avx2", "avx512f", "avx512_bf16"), "AVX512-BF16, no AMX"),
+        (("avx2", "avx512f"), "AVX-512, no bf16"),
+        (("avx2", "fma"), "AVX2 only"),
+    ],
+)
+def test_the_matrix_units_follow_the_flags(flags, units):
+    assert dataclasses.replace(OTHER, cpu_flags=flags).matrix_units == units
+
+
+def test_directories_from_before_machines_were_recorded_are_identified_from_collect_env():
+    """The committed runs: the quickstart on the Xeon with AMX, the heads run on an EPYC with
+    AVX512-BF16 (read off lscpu's lines in PyTorch's environment report)."""
+    quickstart = json.loads((ROOT / "results/quickstart/environment.json").read_text())
+    heads = json.loads((ROOT / "results/heads/smollm2_heads/environment.json").read_text())
+    xeon, epyc = recorded_machine(quickstart), recorded_machine(heads)
+    assert xeon.cpu == "Intel(R) Xeon(R) Processor (family 6, model 167)" and xeon.matrix_units == "AMX"
+    assert epyc.cpu == "AMD EPYC (family 25, model 17)" and epyc.matrix_units == "AVX512-BF16, no AMX"
+    assert xeon.id != epyc.id and (xeon.threads, xeon.cores) == (2, 2)
+
+
+def test_collect_env_and_the_live_reading_agree_on_the_same_cpu(monkeypatch):
+    """A directory written before machines were recorded resumes on its own machine: its
+    reconstructed identity equals the live one when lscpu and /proc/cpuinfo say the same."""
+    import torch
+
+    cpuinfo = {
+        "model name": "AMD EPYC",
+        "cpu family": "25",
+        "model": "17",
+        "flags": "fpu avx2 avx512f avx512_bf16",
+    }
+    monkeypatch.setattr(machine_module, "_cpuinfo", lambda: cpuinfo)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    live = this_machine()
+    collect_env = (
+        "CPU:\nModel name:   AMD EPYC\nCPU family:   25\nModel:   17\nCPU(s):   2\n"
+        "Flags:   fpu avx2 avx512f avx512_bf16\n"
+    )
+    session = {"rows": 4, "collect_env": collect_env, "torch": torch.__version__, "cuda": None}
+    old = session_machine(session, {"threads": torch.get_num_threads()})
+    assert old == live and old.id == live.id
+
+
+def test_a_run_records_its_machine_and_every_row_names_it(measured: Path):
+    env = json.loads((measured / "environment.json").read_text())
+    here = this_machine()
+    assert env["machine"]["id"] == here.id and env["machine"]["described"] == here.describe()
+    assert env["sessions"][0]["machine"]["id"] == here.id
+    assert {row["machine"] for row in _rows(measured)} == {here.id}
+    assert set(load_cells(measured)["machine"]) == {here.id}
+
+
+def test_a_resume_on_another_machine_is_refused_naming_both(measured: Path, tmp_path: Path, monkeypatch):
+    _elsewhere(monkeypatch)
+    before = (measured / "examples.jsonl").read_bytes()
+    with pytest.raises(SpecbenchError) as error:
+        Runner(_recipe(tmp_path), measured, resume=True).run()
+    text = str(error.value)
+    assert "Other CPU" in text and "AVX2 only" in text and "was measured on" in text
+    assert "--allow-other-machine" in text and "new --output-dir" in text
+    assert (measured / "examples.jsonl").read_bytes() == before  # nothing written
+
+
+def test_allow_other_machine_measures_every_row_again_and_keeps_the_machines_apart(
+    measured: Path, tmp_path: Path, monkeypatch
+):
+    home = this_machine()
+    first = _rows(measured)
+    _elsewhere(monkeypatch)
+    Runner(_recipe(tmp_path), measured, resume=True, allow_other_machine=True).run()
+    rows = _rows(measured)
+    assert len(rows) == 2 * len(first) and rows[: len(first)] == first  # nothing reused, nothing lost
+    added = rows[len(first) :]
+    assert {r["machine"] for r in added} == {OTHER.id}
+    assert not {r["key"] for r in added} & {r["key"] for r in first}  # keyed apart
+    assert [r["output_ids"] for r in added] == [r["output_ids"] for r in first]  # same outputs
+    cells = load_cells(measured)
+    assert sorted(cells["machine"]) == sorted([home.id, OTHER.id] * 2)
+    for _, group in cells.groupby("machine"):  # each machine's speedup over its own AR cell
+        ar = group[group["method"] == "autoregressive"]["tokens_per_s"].iloc[0]
+        sd = group[group["method"] == "speculative"].iloc[0]
+        assert sd["speedup_vs_ar"] == pytest.approx(sd["tokens_per_s"] / ar)
+    assert list(machines_of(json.loads((measured / "environment.json").read_text()))) == [home.id, OTHER.id]
+    assert set(display_frame(cells)["machine"]) == {home.id, OTHER.id}
+    printed = runner.invoke(app, ["report", str(measured)]).output
+    assert f"machine {home.id}" in printed and f"machine {OTHER.id}" in printed
+    assert "Other CPU" in printed  # the note names both machines
+    # resuming again on the other machine finds its rows done: nothing is added
+    Runner(_recipe(tmp_path), measured, resume=True, allow_other_machine=True).run()
+    assert len(_rows(measured)) == len(rows)
+
+
+def test_a_model_resolving_to_another_dtype_is_refused(measured: Path, tmp_path: Path):
+    changed = _recipe(tmp_path, RECIPE.replace("dtype: float64", "dtype: float32"))
+    with pytest.raises(
+        SpecbenchError,
+        match=r"model target: was measured in float64 on the eager engine; this recipe runs it in float32",
+    ):
+        Runner(changed, measured, resume=True).run()
+
+
+def test_report_and_compare_name_the_machine_of_each_run(measured: Path):
+    printed = " ".join(runner.invoke(app, ["report", str(measured)]).output.split())
+    assert f"run: measured on {this_machine().describe()}; target float64, eager" in printed
+    compared = runner.invoke(app, ["compare", str(measured), str(ROOT / "results/quickstart")])
+    text = " ".join(compared.output.split())
+    assert "quickstart: measured on Intel(R) Xeon(R) Processor (family 6, model 167), AMX" in text
+    assert "smollm2 bfloat16 (auto: this CPU has AMX), eager" in text
+
+
+def test_the_run_help_keeps_the_ray_extra_in_brackets():
+    result = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "250"})
+    assert "specbench-llm[ray]" in result.output
+
+
+def test_cells_that_run_transformers_generate_are_eager_and_never_compiled(tmp_path: Path, monkeypatch):
+    """In a recipe with engine: compiled, HF's prompt lookup calls generate on the eager module: its
+    cell compiles nothing, is charged no compile time and reports engine eager."""
+    from specbench.pipeline.measure import CellModels, Measurer
+
+    text = RECIPE.replace("seed: 0\n", "seed: 0\nengine: compiled\n").replace(
+        "dtype: float64", "dtype: float32"
+    )
+    text += "  - {name: hf, method: hf_prompt_lookup, target: target, params: {k: 2}}\n"
+    recipe = _recipe(tmp_path, text)
+    cells = {cell.method_name: cell for cell in recipe.cells()}
+    measurer = Measurer(recipe)
+    assert [measurer.engine(cells[name]) for name in ("ar", "sd", "hf")] == ["compiled", "compiled", "eager"]
+
+    class Compiled:
+        def prepare(self, *args, **kwargs):
+            raise AssertionError("an HF generate cell compiled its target")
+
+    monkeypatch.setattr(CellModels, "compiled", lambda self: [Compiled()])
+    measurer._prepare_engines(None, cells["hf"], CellModels(None, None))
+    assert cells["hf"].id not in measurer.compile_pending
