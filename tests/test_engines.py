@@ -8,6 +8,7 @@ parameter); these tests pin what only the compiled engine has.
 from __future__ import annotations
 
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -200,3 +201,51 @@ def test_a_compiled_recipe_reports_compile_time_apart_from_walltime(tmp_path):
     assert "compile_s" in cells.columns and (cells["compile_s"] >= 0).all()
     environment = json.loads((out / "environment.json").read_text())
     assert {m["engine"] for m in environment["models"].values()} == {"compiled"}
+
+
+SECOND_PROCESS = """
+import json, sys, torch
+from specbench.models.compiled import CompiledHFModel
+from specbench.models.tiny import build_tiny
+
+seen = []
+for _ in range(2):  # the second model stands for a second process: dynamo forgets, the disk does not
+    torch._dynamo.reset()
+    weights, _ = build_tiny("tiny-llama", dtype=torch.float32, seed=3, vocab_size=32)
+    model = CompiledHFModel(weights, "t", quick=True)
+    model.prepare(48, (2,))
+    seen.append({"cache": dict(model.compile_cache), "folder": model.compile_cache_dir})
+print(json.dumps(seen))
+"""
+
+
+def test_a_second_compilation_finds_its_graphs_in_the_specbench_compile_cache(tmp_path):
+    """Inductor's caches live under the folder specbench names (one per machine and torch build by
+    default): a second compilation of the same shapes reads its graphs back ("hit") instead of building
+    them ("miss"), and compile_cache says which."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SPECBENCH_COMPILE_CACHE": str(tmp_path / "compile")}
+    out = subprocess.run(
+        [sys.executable, "-c", SECOND_PROCESS], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    first, second = json.loads(out.stdout.strip().splitlines()[-1])
+    assert first["folder"] == second["folder"] == str(tmp_path / "compile")
+    assert first["cache"].get("miss") and not first["cache"].get("hit")
+    assert second["cache"] == {"hit": first["cache"]["miss"]}
+    assert any((tmp_path / "compile").rglob("*"))
+
+
+def test_the_compile_cache_folder_is_per_machine_and_torch_build(monkeypatch, tmp_path):
+    from specbench.models.compiled import use_compile_cache
+    from specbench.models.machine import this_machine
+
+    monkeypatch.delenv("SPECBENCH_COMPILE_CACHE")
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "elsewhere")
+    folder = use_compile_cache()
+    assert folder == str(tmp_path / "compile" / f"torch-{torch.__version__}-{this_machine().id}")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == folder

@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from specbench.cli import app
 from specbench.errors import SpecbenchError
-from specbench.pipeline import machine as machine_module
+from specbench.models import machine as machine_module
+from specbench.models.machine import Machine, recorded_machine, session_machine, this_machine
 from specbench.pipeline.environment import machines_of
-from specbench.pipeline.machine import Machine, recorded_machine, session_machine, this_machine
 from specbench.pipeline.report import display_frame, load_cells
 from specbench.pipeline.runner import Runner
 from specbench.recipe import load_recipe

@@ -26,11 +26,14 @@ the README's "Engines" section.
 
 from __future__ import annotations
 
+import os
 import time
+from collections import Counter
 
 import torch
 from transformers import StaticCache
 
+from specbench.models import cache
 from specbench.models.base import Layer, Pass, pick_hidden
 from specbench.models.hf import HFModel
 from specbench.models.tree import TokenTree, move_path_entries, tree_attention, tree_positions
@@ -52,6 +55,25 @@ CPU_OPTIONS = {
 # quick compilation for tests: the same graphs over the same caches, ATen's GEMMs, no autotuning
 QUICK_OPTIONS = {"freezing": False, "max_autotune": False}
 CAPACITY_STEP = 256
+# inductor's counters of its FX graph cache, and of shapes it autotuned (not found in its cache)
+CACHE_COUNTERS = {"fxgraph_cache_hit": "hit", "fxgraph_cache_miss": "miss", "fxgraph_cache_bypass": "bypass"}
+
+
+def use_compile_cache() -> str:
+    """Point inductor's on-disk caches at the specbench cache: compiled C++ kernels, autotuning picks
+    and FX graphs (where inductor can cache them), one folder per machine and torch build, since the
+    kernels are built for this CPU's instruction sets and thread count. ``SPECBENCH_COMPILE_CACHE``
+    names another folder, or ``torch`` keeps torch's own default. Returns the folder."""
+    from specbench.models.machine import this_machine
+
+    chosen = os.environ.get("SPECBENCH_COMPILE_CACHE", "")
+    if chosen == "torch":
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        return cache_dir()
+    folder = chosen or str(cache.cache_dir() / "compile" / f"torch-{torch.__version__}-{this_machine().id}")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder  # inductor reads it at every cache access
+    return folder
 
 
 class CompiledHFModel(HFModel):
@@ -82,6 +104,9 @@ class CompiledHFModel(HFModel):
         self._tree_inputs: dict[tuple, tuple[torch.Tensor, ...]] = {}  # (bucket, capacity) -> buffers
         self.capacity = 0
         self.compile_seconds = 0.0
+        self.compile_cache = Counter()  # graphs found in inductor's cache ("hit"), built ("miss"), or
+        # not cacheable ("bypass": frozen, prepacked weights), and shapes autotuned ("autotuned")
+        self.compile_cache_dir = use_compile_cache()
         self._compiled: set[tuple] = set()  # (bucket, capacity, with hidden states) already compiled
         self._held = 0  # where the cache's pointer stands (kept here so reading it costs no sync)
         self._inputs: dict[int, torch.Tensor] = {}
@@ -139,6 +164,9 @@ class CompiledHFModel(HFModel):
     def _warm(self, key: tuple, run) -> None:
         """Run a graph twice on scratch positions (compiling it; reduce-overhead records its CUDA
         graph on the second call), outside the counters, and add the time to ``compile_seconds``."""
+        from torch._dynamo.utils import counters
+
+        before = Counter(counters["inductor"])
         started = time.perf_counter()
         with self.counter.kept(), torch._inductor.config.patch(self._options):
             for _ in range(2):
@@ -148,6 +176,10 @@ class CompiledHFModel(HFModel):
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
         self.compile_seconds += time.perf_counter() - started
+        done = Counter(counters["inductor"]) - before
+        self.compile_cache.update({word: done[name] for name, word in CACHE_COUNTERS.items() if done[name]})
+        if done["select_algorithm_autotune"]:
+            self.compile_cache["autotuned"] += done["select_algorithm_autotune"]
         self._compiled.add(key)
         self._cached = 0  # the scratch passes overwrote the cache: the next pass recomputes the prefix
 

@@ -22,7 +22,7 @@ import torch
 
 from specbench import __version__
 from specbench.models.hf import HFModel
-from specbench.pipeline.machine import Machine, recorded_machine, session_machine, this_machine
+from specbench.models.machine import Machine, recorded_machine, session_machine, this_machine
 from specbench.pipeline.results import ENVIRONMENT, RESULTS_FORMAT, write_atomic
 
 

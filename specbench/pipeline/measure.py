@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -40,11 +41,11 @@ from specbench.models.cache import DISTILLED_PREFIX
 from specbench.models.compiled import CompiledHFModel
 from specbench.models.costs import cell_costs
 from specbench.models.hf import HFModel
+from specbench.models.machine import this_machine
 from specbench.models.replay import ReplayError, ReplayTarget
 from specbench.models.sampling import SamplingParams
 from specbench.pipeline.datasets import DatasetRun
 from specbench.pipeline.environment import gpu_sample, now, peak_memory_mb, reset_peak_memory
-from specbench.pipeline.machine import this_machine
 from specbench.pipeline.numerics import divergence_fields
 from specbench.pipeline.rows import build_row, divergence
 from specbench.recipe import Cell, Recipe
@@ -87,6 +88,10 @@ class CellModels:
     def compile_seconds(self) -> float:
         return sum(m.compile_seconds for m in self.compiled())
 
+    def compile_cache(self) -> Counter:
+        """The models' graphs found in inductor's cache, built, not cacheable, and shapes autotuned."""
+        return sum((m.compile_cache for m in self.compiled()), Counter())
+
 
 class Measurer:
     """A recipe and the models it loaded so far; turns (dataset, cell, example) into a row."""
@@ -99,6 +104,7 @@ class Measurer:
         self.gpu_samples: list[dict] = []  # nvidia-smi at each cell's first and last row
         self.references: dict[str, dict] = {}  # rows by key that recorded() answers from
         self.compile_pending: dict[str, float] = {}  # compile seconds not yet in a row, by cell id
+        self.cache_pending: dict[str, Counter] = {}  # what inductor's cache did for them, by cell id
         self.machine = this_machine()  # rows name the machine that timed them
         # rows of a machine other than their directory's first carry its id in their keys
         # (``run --allow-other-machine``), so the two machines' rows never stand for each other
@@ -208,12 +214,16 @@ class Measurer:
         lengths = METHODS[cell.method].draft_lengths(cell.params)
         trees = METHODS[cell.method].tree_sizes(cell.params)
         hidden = METHODS[cell.method].takes_heads  # heads read the target's states: its graphs return them
+        cached = models.compile_cache()
         with self.console.status(f"compiling {', '.join(m.name for m in compiled)} for {cell.id}"):
             seconds = sum(
                 model.prepare(longest, lengths, hidden=hidden and model is models.target, tree_sizes=trees)
                 for model in compiled
             )
         self.compile_pending[cell.id] = self.compile_pending.get(cell.id, 0.0) + seconds
+        self.cache_pending[cell.id] = self.cache_pending.get(cell.id, Counter()) + (
+            models.compile_cache() - cached
+        )
 
     def measure(self, dataset: DatasetRun, cell: Cell, example: Example, models: CellModels) -> dict:
         """The row of one example of a started cell."""
@@ -228,6 +238,9 @@ class Measurer:
         row["engine"] = self.engine(cell)
         if row["engine"] == "compiled":
             row["compile_s"] = self.compile_pending.pop(cell.id, 0.0)
+            cached = self.cache_pending.pop(cell.id, Counter())
+            if cached:
+                row["compile_cache"] = dict(cached)
         return row
 
     def engine(self, cell: Cell) -> str:

@@ -128,6 +128,8 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
         row["engine"] = _engine(r)
         if "compile_s" in cells.columns:  # seconds compiling before the timed rows, never in tok/s
             row["compile s"] = format_num(r.get("compile_s", math.nan), 0)
+            if isinstance(r.get("compile_cache"), str):  # what inductor's on-disk cache gave
+                row["compile s"] += f" ({r['compile_cache']})"
         row["n"] = int(r["n"])
         if several_machines:
             row["machine"] = r["machine"]

@@ -21,9 +21,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from specbench.errors import SpecbenchError
+from specbench.models.machine import recorded_machine
 from specbench.pipeline.datasets import DatasetRun, load_datasets
 from specbench.pipeline.environment import machines_of, now, read_environment, write_environment
-from specbench.pipeline.machine import recorded_machine
 from specbench.pipeline.measure import CellModels, Measurer
 from specbench.pipeline.report import read_cells_csv
 from specbench.pipeline.results import (

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -151,6 +151,11 @@ def _timing(rows: list[dict]) -> dict:
     compiled = [r["compile_s"] for r in rows if "compile_s" in r]
     if compiled:  # cells on the compiled engine: the seconds compiling took, never in a walltime
         out["compile_s"] = sum(compiled)
+        cache = Counter()
+        for r in rows:
+            cache.update(r.get("compile_cache") or {})
+        if cache:  # inductor's cache: graphs hit, missed or not cacheable, shapes autotuned
+            out["compile_cache"] = ", ".join(f"{n} {what}" for what, n in sorted(cache.items()))
     # rows from before they named their engine: compiled ones were charged compile time
     engines = {r.get("engine") or ("compiled" if "compile_s" in r else "eager") for r in rows}
     out["engine"] = "+".join(sorted(engines))
