@@ -84,6 +84,22 @@ def compare_frame(runs: list[tuple[str, pd.DataFrame]]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _setup(path: Path) -> tuple:
+    """What a run's times depend on besides its cells: its machines and each model's dtype and engine."""
+    environment = read_environment(path)
+    models = environment.get("models") or {}
+    return (
+        tuple(machines_of(environment)),
+        tuple(
+            sorted(
+                (name, str(m.get("dtype")), str(m.get("engine")))
+                for name, m in models.items()
+                if isinstance(m, dict)
+            )
+        ),
+    )
+
+
 def _check_count(runs: list) -> None:
     if len(runs) < 2:
         raise SpecbenchError("specbench compare", "needs two runs or more", "pass RUN_A RUN_B [RUN_C ...]")
@@ -111,11 +127,10 @@ def render_compare(paths: list[Path], fmt: str = "table", console: Console | Non
     ]
     first = runs[0][0]
     machines = [measured_on(Path(path), label) for label, path in zip(labels(paths), paths, strict=True)]
-    ids = {tuple(machines_of(read_environment(Path(path)))) for path in paths}
-    if len(ids) > 1:
+    if len({_setup(Path(path)) for path in paths}) > 1:
         machines.append(
-            "The runs were measured on different machines or setups: tok/s X/first compares machines, "
-            "each speedup is over its own run's AR cell."
+            "The runs were measured on different machines, dtypes or engines (above): tok/s X/first "
+            "compares those too; each speedup is over its own run's AR cell."
         )
     note = (
         f"Cells matched on dataset and cell id. speedup: tokens/s over the AR cell of the same run; "
