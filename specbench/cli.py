@@ -60,6 +60,14 @@ def run(
     resume: bool = typer.Option(
         False, "--resume", help="Continue a run in OUTPUT_DIR, skipping finished rows."
     ),
+    threads: int = typer.Option(
+        None,
+        "--threads",
+        min=1,
+        help="torch's intra-op threads (default: the recipe's threads:, else torch's default, one per "
+        "core). Recorded with the machine; on a machine shared with other work, fewer threads than cores "
+        "keep walltimes clean (the report flags cells measured while others used the CPU).",
+    ),
     allow_other_machine: bool = typer.Option(
         False,
         "--allow-other-machine",
@@ -124,7 +132,7 @@ def run(
         loaded = loaded.model_copy(update={"seed": seed})
     if schedule is not None and schedule not in SCHEDULES:
         raise SpecbenchError("--schedule", f"unknown schedule {schedule!r}", f"use {' or '.join(SCHEDULES)}")
-    overrides = {"repeats": repeats, "schedule": schedule}
+    overrides = {"repeats": repeats, "schedule": schedule, "threads": threads}
     loaded = loaded.model_copy(update={k: v for k, v in overrides.items() if v is not None})
     out = output_dir or Path("results") / loaded.name
     Runner(

@@ -206,6 +206,9 @@ class Recipe(_Strict):
     repeats: int = Field(default=1, ge=1, le=100)
     # the engine of every neural model that names none (eager: what the papers measured)
     engine: Literal["eager", "compiled"] = "eager"
+    # torch's intra-op threads for the run (None: torch's default, one per core); part of the machine
+    # a run directory records, so a resume with another count is refused like another machine
+    threads: int | None = Field(default=None, ge=1, le=4096)
     generation: GenerationSpec = Field(default_factory=GenerationSpec)
     models: dict[str, ModelSpec] = Field(min_length=1)
     datasets: list[DatasetSpec] = Field(min_length=1)

@@ -213,3 +213,77 @@ def test_cells_that_run_transformers_generate_are_eager_and_never_compiled(tmp_p
     monkeypatch.setattr(CellModels, "compiled", lambda self: [Compiled()])
     measurer._prepare_engines(None, cells["hf"], CellModels(None, None))
     assert cells["hf"].id not in measurer.compile_pending
+
+
+def test_others_share_is_the_cpu_time_other_processes_took():
+    from specbench.models.machine import CpuTimes, others_share
+
+    before = CpuTimes(busy=100.0, own=10.0, at=0.0)
+    assert others_share(before, CpuTimes(busy=104.0, own=11.0, at=2.0), cores=2) == 0.75
+    assert others_share(before, CpuTimes(busy=101.0, own=11.0, at=2.0), cores=2) == 0.0  # only ours
+    assert others_share(before, CpuTimes(busy=120.0, own=10.0, at=1.0), cores=2) == 1.0  # clamped
+    assert others_share(None, before) is None and others_share(before, before) is None
+
+
+def test_a_busy_process_beside_us_is_seen_in_proc_stat():
+    import subprocess
+    import sys
+    import time
+
+    from specbench.models.machine import cpu_times, others_share
+
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        before = cpu_times()
+        time.sleep(1.0)
+        share = others_share(before, cpu_times())
+    finally:
+        spin.kill()
+        spin.wait()
+    assert share is not None and share >= 0.3  # one spinning core of this machine's
+
+
+def test_cells_measured_on_a_loaded_machine_are_flagged(tmp_path: Path, monkeypatch):
+    """Each row records the share of the CPU other processes took while it was measured; the report
+    marks a cell above 10% and says its walltimes are not clean."""
+    from specbench.models.machine import CpuTimes
+
+    clock = iter(range(10_000))
+
+    def loaded():  # every row: 1 s, both cores busy, ours 1 core-second, others 1 of 2 -> 50%
+        t = next(clock)
+        return CpuTimes(busy=2.0 * t, own=1.0 * t, at=float(t))
+
+    monkeypatch.setattr("specbench.pipeline.measure.cpu_times", loaded)
+    out = tmp_path / "loaded"
+    Runner(_recipe(tmp_path), out).run()
+    assert {row["others_cpu"] for row in _rows(out)} == {0.5}
+    cells = load_cells(out)
+    assert list(cells["others_cpu"]) == [0.5, 0.5]
+    printed = " ".join(runner.invoke(app, ["report", str(out)]).output.split())
+    assert (
+        "50% !" in printed and "were measured while other processes used more than 10% of the CPU" in printed
+    )
+    env = json.loads((out / "environment.json").read_text())
+    assert set(env["sessions"][0]["load"]) == {"loadavg_at_start", "loadavg_now", "others_cpu"}
+
+
+def test_threads_are_set_recorded_and_part_of_the_machine(tmp_path: Path, measured: Path):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        text = RECIPE.replace("seed: 0\n", "seed: 0\nthreads: 1\n")
+        out = tmp_path / "one-thread"
+        Runner(_recipe(tmp_path, text), out).run()
+        assert torch.get_num_threads() == 1
+        env = json.loads((out / "environment.json").read_text())
+        assert env["machine"]["threads"] == 1 and "1 threads" in env["machine"]["described"]
+        if before != 1:  # the directory measured with `before` threads is another machine now
+            with pytest.raises(SpecbenchError, match=r"1 threads / \d+ cores"):
+                Runner(_recipe(tmp_path, text), measured, resume=True).run()
+    finally:
+        torch.set_num_threads(before)
+    result = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "250"})
+    assert "--threads" in result.output

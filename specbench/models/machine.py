@@ -187,3 +187,48 @@ def _cpu_name(name: str | None, fields: dict) -> str:
 def _kernel_flags(flags: str) -> tuple[str, ...]:
     present = set(flags.split())
     return tuple(flag for flag in KERNEL_FLAGS if flag in present)
+
+
+# the share of the machine's CPU time that other processes took, above which a walltime is not clean
+LOADED = 0.10
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """A snapshot for :func:`others_share`: every CPU's busy seconds since boot, this process's own CPU
+    seconds (its threads and waited-for children), and the monotonic clock."""
+
+    busy: float
+    own: float
+    at: float
+
+
+def cpu_times() -> CpuTimes | None:
+    """Now, from /proc/stat (Linux); None elsewhere."""
+    import resource
+    import time
+
+    try:
+        with open("/proc/stat") as handle:
+            fields = handle.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+    tick = os.sysconf("SC_CLK_TCK")
+    own = sum(
+        usage.ru_utime + usage.ru_stime
+        for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+    )
+    return CpuTimes((user + nice + system + irq + softirq + steal) / tick, own, time.monotonic())
+
+
+def others_share(before: CpuTimes | None, after: CpuTimes | None, cores: int | None = None) -> float | None:
+    """The share of all cores' time between two snapshots that other processes (and the hypervisor's
+    steal) used: 0 on a quiet machine; 0.5 on 2 cores means one core's worth went elsewhere."""
+    if before is None or after is None or after.at <= before.at:
+        return None
+    others = (after.busy - before.busy) - (after.own - before.own)
+    capacity = (after.at - before.at) * (cores or os.cpu_count() or 1)
+    return round(min(max(others / capacity, 0.0), 1.0), 3)

@@ -27,7 +27,14 @@ from specbench.pipeline.results import ENVIRONMENT, RESULTS_FORMAT, write_atomic
 
 
 def write_environment(
-    directory: Path, recipe, models: dict, started: str, rows: int, ended: bool, gpu: list | None = None
+    directory: Path,
+    recipe,
+    models: dict,
+    started: str,
+    rows: int,
+    ended: bool,
+    gpu: list | None = None,
+    load: dict | None = None,
 ) -> None:
     path = Path(directory) / ENVIRONMENT
     try:
@@ -77,6 +84,9 @@ def write_environment(
         "machine": {"id": here.id, "described": here.describe(), **here.to_json()},
         **{key: env[key] for key in ("specbench", "git", "platform", "torch", "transformers", "cuda")},
         "gpu_samples": gpu or [],
+        # the load average (1, 5, 15 min) at the session's start and now, and the share of the CPU
+        # that other processes took over the session (machine.others_share)
+        "load": load or {},
         "collect_env": collect_env(),
     }
     sessions = [s for s in earlier.get("sessions", []) if s.get("started") != started]

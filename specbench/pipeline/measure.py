@@ -41,7 +41,7 @@ from specbench.models.cache import DISTILLED_PREFIX
 from specbench.models.compiled import CompiledHFModel
 from specbench.models.costs import cell_costs
 from specbench.models.hf import HFModel
-from specbench.models.machine import this_machine
+from specbench.models.machine import cpu_times, others_share, this_machine
 from specbench.models.replay import ReplayError, ReplayTarget
 from specbench.models.sampling import SamplingParams
 from specbench.pipeline.datasets import DatasetRun
@@ -97,6 +97,8 @@ class Measurer:
     """A recipe and the models it loaded so far; turns (dataset, cell, example) into a row."""
 
     def __init__(self, recipe: Recipe, console: Console | None = None):
+        if recipe.threads is not None:  # before the machine is read: threads are part of it
+            torch.set_num_threads(recipe.threads)
         self.recipe = recipe
         self.console = console or Console(stderr=True)
         self.models: dict[str, object] = {}
@@ -228,13 +230,17 @@ class Measurer:
     def measure(self, dataset: DatasetRun, cell: Cell, example: Example, models: CellModels) -> dict:
         """The row of one example of a started cell."""
         check = cell.replay and example.id in {e.id for e in dataset.examples[: self.recipe.replay_check]}
+        before = cpu_times()
         request, generation, replay, repeats = self._measure(dataset, cell, models, example, check)
+        others = others_share(before, cpu_times())
         peak = peak_memory_mb(models.target.device)  # before the lossless check's own passes
         row = self._row(dataset, cell, example, models.target, request, generation, replay)
         if repeats:
             row["walltime_repeats"] = [g.walltime for g in repeats]
             row["ttft_repeats"] = [g.ttft for g in repeats]
         row["peak_memory_mb"] = peak
+        if others is not None:  # a loaded machine's walltimes are not clean (machine.LOADED)
+            row["others_cpu"] = others
         row["engine"] = self.engine(cell)
         if row["engine"] == "compiled":
             row["compile_s"] = self.compile_pending.pop(cell.id, 0.0)

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specbench.errors import SpecbenchError
+from specbench.models.machine import LOADED
 from specbench.pipeline.environment import machines_of, read_environment
 from specbench.pipeline.results import CELLS
 
@@ -116,7 +117,7 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
             "k": format_int(r.get("k")) or (r["K"].replace(" ", "") if isinstance(r.get("K"), str) else ""),
             "SWI MS": format_interval(r, "swi_ms"),
             "SWI PW": format_interval(r, "swi_pw"),
-            "tok/s": format_num(r["tokens_per_s"], 1),
+            "tok/s": format_num(r["tokens_per_s"], 1) + _spread(r),
             "speedup": format_interval(r, "speedup_vs_ar", "x"),
             "acc. len": format_num(r["acceptance_length"]),
             "draft acc.": format_num(r["draft_acceptance_rate"]),
@@ -125,6 +126,8 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
         for column in quality:
             row[column.removeprefix("quality_")] = format_num(r[column], 3)
         row["lossless"] = format_lossless(r)
+        if "others_cpu" in cells.columns:  # other processes' share of the CPU during the cell
+            row["others' CPU"] = _load(r.get("others_cpu"))
         row["engine"] = _engine(r)
         if "compile_s" in cells.columns:  # seconds compiling before the timed rows, never in tok/s
             row["compile s"] = format_num(r.get("compile_s", math.nan), 0)
@@ -135,6 +138,44 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
             row["machine"] = r["machine"]
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _spread(record: dict) -> str:
+    """`` ± 0.2 (3 repeats)``: with ``repeats``, the sample std of the cell's tokens/s over its repeats
+    (run-to-run noise, which the bootstrap over prompts does not see)."""
+    std = record.get("tokens_per_s_repeat_std")
+    try:
+        std = float(std)
+    except (TypeError, ValueError):
+        return ""
+    return "" if math.isnan(std) else f" ± {std:.1f} ({int(record['repeats'])} repeats)"
+
+
+def _load(share) -> str:
+    """``3%``, or ``42% !`` above machine.LOADED: the cell's walltimes are not clean."""
+    try:
+        share = float(share)
+    except (TypeError, ValueError):
+        return ""
+    if math.isnan(share):
+        return ""
+    return f"{100 * share:.0f}%" + (" !" if share > LOADED else "")
+
+
+def loaded_note(cells: pd.DataFrame) -> str:
+    """The line under a report whose cells were measured while other processes used the CPU."""
+    if "others_cpu" not in cells.columns:
+        return ""
+    loaded = cells[pd.to_numeric(cells["others_cpu"], errors="coerce") > LOADED]
+    if loaded.empty:
+        return ""
+    names = ", ".join(f"{r['dataset']} {r['cell']}" for r in loaded.to_dict("records")[:6])
+    more = f" and {len(loaded) - 6} more" if len(loaded) > 6 else ""
+    return (
+        f"! {len(loaded)} cell(s) ({names}{more}) were measured while other processes used more than "
+        f"{100 * LOADED:.0f}% of the CPU: their walltimes, tok/s and speedups are not clean; measure "
+        "them again on a quiet machine (or with --threads below the free cores)."
+    )
 
 
 def _engine(record: dict) -> str:
@@ -198,8 +239,9 @@ def render(results: Path, fmt: str = "table", console: Console | None = None) ->
         "parameter count; PW: prior-work table. speedup: tokens/s over the AR cell of the same run."
         + _bootstrap_note(cells)
     )
-    machines = "\n".join(measured_on(directory) for directory in run_directories(results))
-    return emit(frame, list(_by_dataset(frame)), fmt, f"{machines}\n{note}", console, captions(cells))
+    lines = [measured_on(directory) for directory in run_directories(results)]
+    lines += [line for line in (loaded_note(cells), note) if line]
+    return emit(frame, list(_by_dataset(frame)), fmt, "\n".join(lines), console, captions(cells))
 
 
 def captions(cells: pd.DataFrame) -> dict[str, str]:

@@ -11,6 +11,7 @@ An executor has ``run(runner, order) -> failed cells`` (it hands each row to :me
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from specbench.errors import SpecbenchError
-from specbench.models.machine import recorded_machine
+from specbench.models.machine import cpu_times, others_share, recorded_machine
 from specbench.pipeline.datasets import DatasetRun, load_datasets
 from specbench.pipeline.environment import machines_of, now, read_environment, write_environment
 from specbench.pipeline.measure import CellModels, Measurer
@@ -73,6 +74,7 @@ class Runner(Measurer):
             )
         self.log = ExampleLog(log_path, load=False)  # read under the lock when a run starts
         self.started = now()
+        self.cpu_at_start, self.loadavg_at_start = cpu_times(), _loadavg()
         self.written = 0  # rows this process appended
         self.schedule = schedule or recipe.schedule
         self.executor = executor
@@ -273,8 +275,20 @@ class Runner(Measurer):
         return [self.log.by_key[key] for key in keys if key in self.log.by_key]
 
     def _write_environment(self, ended: bool) -> None:
+        load = {
+            "loadavg_at_start": self.loadavg_at_start,
+            "loadavg_now": _loadavg(),
+            "others_cpu": others_share(self.cpu_at_start, cpu_times()),
+        }
         write_environment(
-            self.output_dir, self.recipe, self.models, self.started, self.written, ended, self.gpu_samples
+            self.output_dir,
+            self.recipe,
+            self.models,
+            self.started,
+            self.written,
+            ended,
+            self.gpu_samples,
+            load,
         )
         if self.executor is not None:  # what the workers loaded, and where they ran
             self.executor.amend_environment(self.output_dir, self.started)
@@ -290,6 +304,13 @@ class _CellState:
     seconds: float = 0.0
     steps: int = 0
     models: CellModels | None = None
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def _readable(cells: Path) -> bool:

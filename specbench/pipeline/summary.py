@@ -156,6 +156,10 @@ def _timing(rows: list[dict]) -> dict:
             cache.update(r.get("compile_cache") or {})
         if cache:  # inductor's cache: graphs hit, missed or not cacheable, shapes autotuned
             out["compile_cache"] = ", ".join(f"{n} {what}" for what, n in sorted(cache.items()))
+    others = [r["others_cpu"] for r in rows if r.get("others_cpu") is not None]
+    if others:  # the share of the CPU other processes took while the cell's rows were measured
+        out["others_cpu"] = float(np.mean(others))
+        out["others_cpu_max"] = float(np.max(others))
     # rows from before they named their engine: compiled ones were charged compile time
     engines = {r.get("engine") or ("compiled" if "compile_s" in r else "eager") for r in rows}
     out["engine"] = "+".join(sorted(engines))
