@@ -20,6 +20,7 @@ import difflib
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 import types
@@ -133,6 +134,8 @@ class ModelSpec(_Strict):
 
 # the longest output a recipe may ask for (beyond any model's context, so only typos reach it)
 MAX_NEW_TOKENS = 1_048_576
+# the most cells one recipe may hold: a sweep beyond it is a search (`specbench tune`) or several runs
+MAX_CELLS = 10_000
 
 
 class DatasetSpec(_Strict):
@@ -414,6 +417,14 @@ def parse_recipe(data: dict, path: str | Path, known_tasks: Collection[str] | No
     for index, spec in enumerate(recipe.methods):
         _check_method(recipe, index, spec, f"{path}: methods[{index}]")
     _check_every_model_is_used(recipe, path)
+    total = sum(math.prod(len(v) for v in spec.grid.values()) for spec in recipe.methods)
+    if total > MAX_CELLS:
+        raise SpecbenchError(
+            f"{path}: methods",
+            f"give {total:,} cells in all, more than {MAX_CELLS:,}",
+            "split the sweep into several recipes, or search it with `specbench tune`",
+        )
+    _check_datasets_are_distinct(recipe, path, known_tasks)
     if known_tasks is not None:
         for index, dataset in enumerate(recipe.datasets):
             if dataset.task not in known_tasks:
@@ -481,6 +492,26 @@ def _check_every_model_is_used(recipe: Recipe, path: Path) -> None:
             raise SpecbenchError(
                 f"{path}: models.{name}", "no method uses this model", "remove it, or use it in a method"
             )
+
+
+def _check_datasets_are_distinct(recipe: Recipe, path: Path, known_tasks) -> None:
+    """Rows and cells are labelled task/split: two entries with the same label would share rows."""
+    seen: dict[tuple[str, str | None], int] = {}
+    for index, spec in enumerate(recipe.datasets):
+        split = spec.split
+        if split is None and known_tasks is not None and spec.task in known_tasks:
+            from specbench.tasks import get_task
+
+            split = get_task(spec.task).default_split
+        label = (spec.task, split)
+        if label in seen:
+            shown = f"{spec.task}/{split}" if split else spec.task
+            raise SpecbenchError(
+                f"{path}: datasets[{index}]",
+                f"{shown} is also datasets[{seen[label]}]: their rows and cells would share one label",
+                "list each task and split once (give a dataset one max_new_tokens, or use another split)",
+            )
+        seen[label] = index
 
 
 def _check_method(recipe: Recipe, index: int, spec: MethodSpec, where: str) -> None:
@@ -678,6 +709,13 @@ def _check_params(spec: MethodSpec, info: Method, where: str, generation: Genera
         )
     for name, value in spec.params.items():
         _check_value(info.params[name], name, value, f"{where}.params.{name}", generation.max_new_tokens)
+    cells = math.prod(len(values) for values in spec.grid.values())
+    if cells > MAX_CELLS:  # before any value is checked: a huge grid costs nothing to refuse
+        raise SpecbenchError(
+            f"{where}.grid",
+            f"gives {cells:,} cells, more than {MAX_CELLS:,}",
+            "split the sweep into several recipes, or search it with `specbench tune`",
+        )
     for name, values in spec.grid.items():
         if not values:
             raise SpecbenchError(
@@ -687,12 +725,14 @@ def _check_params(spec: MethodSpec, info: Method, where: str, generation: Genera
             _check_value(
                 info.params[name], name, value, f"{where}.grid.{name}[{position}]", generation.max_new_tokens
             )
-        normalized = [_as_declared(info.params[name], value) for value in values]
-        repeated = next((v for i, v in enumerate(normalized) if v in normalized[:i]), None)
-        if repeated is not None:
-            raise SpecbenchError(
-                f"{where}.grid.{name}", f"{repeated!r} appears twice (two identical cells)", "list it once"
-            )
+        seen: set[str] = set()  # canonical JSON: values may be lists (CS Drafting's K); linear time
+        for value in values:
+            canonical = json.dumps(_as_declared(info.params[name], value), sort_keys=True, default=str)
+            if canonical in seen:
+                raise SpecbenchError(
+                    f"{where}.grid.{name}", f"{value!r} appears twice (two identical cells)", "list it once"
+                )
+            seen.add(canonical)
     if info.check is None:
         return
     fixed = _defaults(info) | spec.params

@@ -256,17 +256,23 @@ def test_cells_measured_on_a_loaded_machine_are_flagged(tmp_path: Path, monkeypa
         return CpuTimes(busy=2.0 * t, own=1.0 * t, at=float(t))
 
     monkeypatch.setattr("specbench.pipeline.measure.cpu_times", loaded)
+    _elsewhere(monkeypatch, dataclasses.replace(OTHER, cores=2, threads=2))
     out = tmp_path / "loaded"
     Runner(_recipe(tmp_path), out).run()
     assert {row["others_cpu"] for row in _rows(out)} == {0.5}
+    assert {row["cpu_headroom"] for row in _rows(out)} == {-1.0}  # 2 cores x 50% free - 2 threads
     cells = load_cells(out)
     assert list(cells["others_cpu"]) == [0.5, 0.5]
     printed = " ".join(runner.invoke(app, ["report", str(out)]).output.split())
-    assert (
-        "50% !" in printed and "were measured while other processes used more than 10% of the CPU" in printed
-    )
+    assert "50% !" in printed and "our threads competed with them for cores" in printed
     env = json.loads((out / "environment.json").read_text())
     assert set(env["sessions"][0]["load"]) == {"loadavg_at_start", "loadavg_now", "others_cpu"}
+    # one thread on the core the others left free: the share is shown, the cell is not flagged
+    _elsewhere(monkeypatch, dataclasses.replace(OTHER, cores=2, threads=1))
+    clean = tmp_path / "one-thread"
+    Runner(_recipe(tmp_path), clean).run()
+    printed = " ".join(runner.invoke(app, ["report", str(clean)]).output.split())
+    assert "50%" in printed and "50% !" not in printed and "competed" not in printed
 
 
 def test_threads_are_set_recorded_and_part_of_the_machine(tmp_path: Path, measured: Path):
@@ -287,3 +293,57 @@ def test_threads_are_set_recorded_and_part_of_the_machine(tmp_path: Path, measur
         torch.set_num_threads(before)
     result = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "250"})
     assert "--threads" in result.output
+
+
+def test_a_resume_with_a_recipe_that_drops_recorded_rows_is_refused_and_loses_nothing(
+    measured: Path, tmp_path: Path
+):
+    """cells.csv is the recipe's cells: another recipe (here sd with another k, or another seed)
+    would drop recorded rows from it, so the resume stops before touching a file; a recipe that adds
+    cells resumes."""
+    files = {
+        name: (measured / name).read_bytes()
+        for name in ("examples.jsonl", "cells.csv", "resolved_recipe.yaml")
+    }
+    other_k = RECIPE.replace("params: {k: 2}", "params: {k: 3}")
+    for text in (other_k, RECIPE.replace("seed: 0", "seed: 1")):
+        with pytest.raises(
+            SpecbenchError, match=r"holds \d+ row\(s\) that .* does not produce \(arithmetic/test "
+        ):
+            Runner(_recipe(tmp_path, text), measured, resume=True).run()
+        assert {name: (measured / name).read_bytes() for name in files} == files
+    more = RECIPE + "  - {name: sd4, method: speculative, target: target, drafter: lookup, params: {k: 4}}\n"
+    Runner(_recipe(tmp_path, more), measured, resume=True).run()
+    assert set(load_cells(measured)["cell"]) == {"ar", "sd", "sd4"}
+
+
+def test_a_row_edited_by_hand_is_named_and_a_resume_measures_it_again(measured: Path, tmp_path: Path):
+    from specbench.pipeline.results import ExampleLog
+
+    path = measured / "examples.jsonl"
+    lines = path.read_text().splitlines()
+    row = json.loads(lines[2])
+    row["walltime"] = row["walltime"] / 10  # a faster number, by hand
+    lines[2] = json.dumps(row, separators=(",", ":"))
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(SpecbenchError, match=r"line 3: was edited after it was written"):
+        ExampleLog(path)
+    Runner(_recipe(tmp_path), measured, resume=True).run()
+    assert "was edited after it was written" in (measured / "examples.rejected").read_text()
+    rows = _rows(measured)
+    assert len(rows) == len(lines) and all(
+        r["key"] != row["key"] or r["walltime"] != row["walltime"] for r in rows
+    )
+
+
+def test_cells_csv_edited_by_hand_is_refused_by_readers_and_rewritten_by_a_resume(
+    measured: Path, tmp_path: Path
+):
+    cells = measured / "cells.csv"
+    written = cells.read_text()
+    cells.write_text(written.replace(",autoregressive,", ",autoregressive,", 1) + "\n")
+    result = runner.invoke(app, ["report", str(measured)])
+    assert result.exit_code == 2 and "was edited after the run wrote it" in " ".join(result.output.split())
+    Runner(_recipe(tmp_path), measured, resume=True).run()
+    assert cells.read_text() == written
+    assert runner.invoke(app, ["report", str(measured)]).exit_code == 0

@@ -39,6 +39,16 @@ def load_datasets(recipe, limit: int | None, blame) -> list[DatasetRun]:
                 examples = task.load(split=split, data_files=data_files, limit=most)
             else:
                 examples = task.load(split=split, data_files=data_files)[:: spec.every][:most]
+        first: dict[str, int] = {}
+        for position, example in enumerate(examples):
+            if example.id in first:
+                raise SpecbenchError(
+                    f"{recipe.path}: datasets[{i}] ({data_files or spec.task})",
+                    f"example id {example.id!r} is given twice (examples {first[example.id] + 1} and "
+                    f"{position + 1}): rows are keyed by it",
+                    "give every example its own id in the data file",
+                )
+            first[example.id] = position
         label = f"{spec.task}/{split}"
         runs.append(
             DatasetRun(label, task, examples, spec.chat_template, spec.execute_code, spec.max_new_tokens)

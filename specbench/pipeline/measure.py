@@ -140,6 +140,26 @@ class Measurer:
         for name in drafter_names(cell):
             self._check_vocab(cell, name, target, self.model(name))
 
+    def check_context(self, dataset: DatasetRun, cell: Cell) -> None:
+        """Every prompt of ``dataset`` plus its output budget fits the target's context (its
+        ``max_position_embeddings``; models with relative positions have none): refused before the
+        first row, naming the example, instead of decoding past what the model was trained on."""
+        target = self.model(cell.target)
+        config = getattr(getattr(target, "model", None), "config", None)
+        limit = getattr(config, "max_position_embeddings", None) if config is not None else None
+        if not isinstance(limit, int) or getattr(target, "is_encoder_decoder", False):
+            return
+        budget = dataset.max_new_tokens or self.recipe.generation.max_new_tokens
+        for example in dataset.examples:
+            prompt = self._request(target, dataset, example).prompt_ids.shape[0]
+            if prompt + budget > limit:
+                raise SpecbenchError(
+                    f"{self.recipe.path}: datasets ({dataset.label}), example {example.id}",
+                    f"its prompt of {prompt} tokens + {budget} new tokens exceed the context of "
+                    f"{cell.target} ({limit} positions)",
+                    "lower max_new_tokens, or leave such prompts out of the data file",
+                )
+
     def _check_vocab(self, cell: Cell, name: str, target, drafter) -> None:
         if isinstance(drafter, HFModel) and drafter.tokenizer is not None and target.tokenizer is not None:
             if drafter.tokenizer.get_vocab() != target.tokenizer.get_vocab():
@@ -241,6 +261,8 @@ class Measurer:
         row["peak_memory_mb"] = peak
         if others is not None:  # a loaded machine's walltimes are not clean (machine.LOADED)
             row["others_cpu"] = others
+            # cores left to our threads after the others' share: < 0, our threads competed for cores
+            row["cpu_headroom"] = round(self.machine.cores * (1 - others) - self.machine.threads, 2)
         row["engine"] = self.engine(cell)
         if row["engine"] == "compiled":
             row["compile_s"] = self.compile_pending.pop(cell.id, 0.0)

@@ -14,7 +14,7 @@ from rich.text import Text
 from specbench.errors import SpecbenchError
 from specbench.models.machine import LOADED
 from specbench.pipeline.environment import machines_of, read_environment
-from specbench.pipeline.results import CELLS
+from specbench.pipeline.results import CELLS, CELLS_SHA, cells_edited
 
 FORMATS = ("table", "csv", "markdown", "latex")
 
@@ -91,6 +91,10 @@ def read_cells_csv(path: Path) -> pd.DataFrame:
     missing = [column for column in REQUIRED if column not in frame.columns]
     if missing:
         raise SpecbenchError(str(path), f"has no column {missing[0]!r}: not a specbench {CELLS}", fix)
+    if cells_edited(path.parent):
+        raise SpecbenchError(
+            str(path), f"was edited after the run wrote it (it no longer matches {CELLS_SHA})", fix
+        )
     return frame
 
 
@@ -127,7 +131,7 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
             row[column.removeprefix("quality_")] = format_num(r[column], 3)
         row["lossless"] = format_lossless(r)
         if "others_cpu" in cells.columns:  # other processes' share of the CPU during the cell
-            row["others' CPU"] = _load(r.get("others_cpu"))
+            row["others' CPU"] = _load(r.get("others_cpu")) + (" !" if _contended(r) else "")
         row["engine"] = _engine(r)
         if "compile_s" in cells.columns:  # seconds compiling before the timed rows, never in tok/s
             row["compile s"] = format_num(r.get("compile_s", math.nan), 0)
@@ -152,29 +156,42 @@ def _spread(record: dict) -> str:
 
 
 def _load(share) -> str:
-    """``3%``, or ``42% !`` above machine.LOADED: the cell's walltimes are not clean."""
+    """Other processes' share of the CPU during a cell: ``3%``."""
     try:
         share = float(share)
     except (TypeError, ValueError):
         return ""
-    if math.isnan(share):
-        return ""
-    return f"{100 * share:.0f}%" + (" !" if share > LOADED else "")
+    return "" if math.isnan(share) else f"{100 * share:.0f}%"
+
+
+def _contended(record: dict) -> bool:
+    """Whether other processes took more than machine.LOADED of the CPU and left our threads fewer
+    cores than they ran on (cells.csv from before the headroom column: the share alone decides)."""
+    try:
+        share = float(record.get("others_cpu"))
+    except (TypeError, ValueError):
+        return False
+    headroom = record.get("cpu_headroom")
+    competed = True
+    if isinstance(headroom, int | float) and not math.isnan(headroom):
+        competed = headroom < 0
+    return share > LOADED and competed
 
 
 def loaded_note(cells: pd.DataFrame) -> str:
-    """The line under a report whose cells were measured while other processes used the CPU."""
+    """The line under a report whose cells were measured while other processes took their cores."""
     if "others_cpu" not in cells.columns:
         return ""
-    loaded = cells[pd.to_numeric(cells["others_cpu"], errors="coerce") > LOADED]
-    if loaded.empty:
+    loaded = [r for r in cells.to_dict("records") if _contended(r)]
+    if not loaded:
         return ""
-    names = ", ".join(f"{r['dataset']} {r['cell']}" for r in loaded.to_dict("records")[:6])
+    names = ", ".join(f"{r['dataset']} {r['cell']}" for r in loaded[:6])
     more = f" and {len(loaded) - 6} more" if len(loaded) > 6 else ""
     return (
         f"! {len(loaded)} cell(s) ({names}{more}) were measured while other processes used more than "
-        f"{100 * LOADED:.0f}% of the CPU: their walltimes, tok/s and speedups are not clean; measure "
-        "them again on a quiet machine (or with --threads below the free cores)."
+        f"{100 * LOADED:.0f}% of the CPU and our threads competed with them for cores: their walltimes, "
+        "tok/s and speedups are not clean; measure them again on a quiet machine, or with --threads no "
+        "more than the cores left free."
     )
 
 

@@ -2,6 +2,7 @@
 
     examples.jsonl         one JSON line per (cell, example), keyed by a content hash
     cells.csv              one tidy row per (dataset, cell), recomputed from examples.jsonl
+    cells.sha256           the checksum of cells.csv as written: readers name a hand edit
     resolved_recipe.yaml   the recipe with every default filled in
     environment.json       versions, git hash, device, dtypes, threads, model origins, sessions
     examples.rejected      lines a resume took out of examples.jsonl (torn or corrupted), verbatim
@@ -18,6 +19,7 @@ into place. Only one run writes a directory at a time: a second one stops and na
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import tempfile
@@ -32,6 +34,8 @@ RESOLVED_RECIPE = "resolved_recipe.yaml"
 ENVIRONMENT = "environment.json"
 REJECTED = "examples.rejected"
 LOCK = ".specbench.lock"
+CHECKSUM = "row_sha"  # a row's own field: row_checksum of the rest
+CELLS_SHA = "cells.sha256"  # the checksum of cells.csv as the run wrote it
 # the layout of rows and keys; a directory written in another layout is refused, never mixed.
 # Directories from before the field existed are layout 1.
 RESULTS_FORMAT = 1
@@ -120,6 +124,7 @@ class ExampleLog:
         return set(self.by_key)
 
     def append(self, row: dict) -> None:
+        row = {**row, CHECKSUM: row_checksum(row)}
         line = (json.dumps(row, separators=(",", ":")) + "\n").encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -149,7 +154,33 @@ def _problem(raw: bytes) -> str | None:
         return "is not a JSON row (torn or corrupted)"
     if not isinstance(row, dict) or not isinstance(row.get("key"), str):
         return "is JSON but not a result row (no key)"
+    if CHECKSUM in row and row[CHECKSUM] != row_checksum(row):
+        return "was edited after it was written (its checksum differs)"
     return None
+
+
+def text_checksum(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def cells_edited(run_dir: Path) -> bool:
+    """Whether cells.csv differs from what the run wrote (its checksum file; directories from before
+    the file existed are never called edited)."""
+    recorded = Path(run_dir) / CELLS_SHA
+    try:
+        expected = recorded.read_text().strip()
+        actual = text_checksum((Path(run_dir) / CELLS).read_bytes().decode("utf-8", "replace"))
+    except OSError:
+        return False
+    return expected != actual
+
+
+def row_checksum(row: dict) -> str:
+    """The sha256 (first 16 hex digits) of a row's content without its checksum: rows written since
+    checksums exist carry it, so a hand edit is named like a corrupted line (rows before have none)."""
+    content = {key: value for key, value in row.items() if key != CHECKSUM}
+    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 def read_examples(run_dir: Path) -> list[dict]:

@@ -92,6 +92,7 @@ class Runner(Measurer):
         """Run every cell on every example, or only ``plan``: (dataset, its cells) pairs, e.g. a tune's
         round (a dataset's examples cut short, a subset of cells)."""
         recipe = self.recipe
+        self._whole_recipe = plan is None  # a tune's round runs part of its recipe on purpose
         if plan is None:
             plan = [(dataset, recipe.cells()) for dataset in self.datasets()]
         # AR first: the lossless check's reference, and what replayed cells replay
@@ -116,6 +117,8 @@ class Runner(Measurer):
             )
         environment = read_environment(self.output_dir)
         self._check_same_setup(environment)
+        if self._whole_recipe:
+            self._check_rows_belong(plan, environment)
         done = self.log.done
         self._preflight(plan, done)
         written_before = self.written
@@ -197,17 +200,23 @@ class Runner(Measurer):
         target, before the first row: a bad option or tokenizer fails in minutes, not after the
         AR cell's hours. (A run keeps its models loaded anyway, so this costs no memory.) An executor's
         workers load and check their own models instead."""
-        pending = []
+        pending, budgets = [], []
         for dataset, cells in plan:
             for cell in cells:
                 keys = [self._key(cell, dataset, example) for example in dataset.examples]
                 if any(key not in done for key in keys):
                     pending.append(cell)
+                    budgets.append((dataset, cell))
                 for key, example in zip(keys, dataset.examples, strict=True):
                     self._check_gold(dataset, example, self.log.by_key.get(key))
         if self.executor is None:
             for cell in pending:
                 self.check_cell(cell)
+            checked = set()
+            for dataset, cell in budgets:  # once per dataset and target
+                if (dataset.label, cell.target) not in checked:
+                    checked.add((dataset.label, cell.target))
+                    self.check_context(dataset, cell)
 
     def _check_gold(self, dataset: DatasetRun, example: Example, row: dict | None) -> None:
         """A row keeps the hash of the gold answer it was scored against: a data file whose answers
@@ -255,18 +264,57 @@ class Runner(Measurer):
                     fix,
                 )
 
+    def _check_rows_belong(self, plan: list[tuple[DatasetRun, list[Cell]]], environment: dict) -> None:
+        """cells.csv is this recipe's cells: a resume whose recipe (or data, seed, --limit) no longer
+        yields some recorded rows would drop them from it, so it is refused, naming them."""
+        if not self.log.rows:
+            return
+        covered = set()
+        for keys in self._scoped(
+            environment, lambda: [self._key(c, d, e) for d, cells in plan for c in cells for e in d.examples]
+        ):
+            covered.update(keys)
+        stray = [row for row in self.log.rows if row.get("key") not in covered]
+        if not stray:
+            return
+        where = sorted({(str(row.get("dataset")), str(row.get("cell"))) for row in stray})
+        named = ", ".join(f"{dataset} {cell}" for dataset, cell in where[:4]) + (
+            f" and {len(where) - 4} more" if len(where) > 4 else ""
+        )
+        raise SpecbenchError(
+            str(self.output_dir),
+            f"holds {len(stray)} row(s) that {self.recipe.path} (as given, with its data and --limit) "
+            f"does not produce ({named}): resuming would drop them from {CELLS}",
+            f"resume with the recipe that wrote them ({RESOLVED_RECIPE} in that directory holds it), or run "
+            "this recipe into a new --output-dir",
+        )
+
+    def _scoped(self, environment: dict, compute) -> list:
+        """``compute()`` under the keys of every machine that wrote rows here (the first machine's plain
+        keys, the others' scoped by their id: ``allow_other_machine``)."""
+        home = recorded_machine(environment)
+        scopes = [None] + [m for m in machines_of(environment) if home is None or m != home.id]
+        kept, out = self.key_scope, []
+        try:
+            for scope in scopes:
+                self.key_scope = scope
+                out.append(compute())
+        finally:
+            self.key_scope = kept
+        return out
+
     def _write_cells(self, plan: list[tuple[DatasetRun, list[Cell]]], environment: dict) -> None:
         """cells.csv from the plan's rows of every machine that measured them (one, unless rows were
         added with ``allow_other_machine``): summary.py keeps machines apart."""
         home = recorded_machine(environment)
-        scopes = [None] + [m for m in machines_of(environment) if home is None or m != home.id]
-        kept, rows = self.key_scope, []
-        try:
-            for scope in scopes:
-                self.key_scope = scope
-                rows += [row for dataset, cells in plan for c in cells for row in self.rows(dataset, c)]
-        finally:
-            self.key_scope = kept
+        rows = [
+            row
+            for rows in self._scoped(
+                environment,
+                lambda: [r for dataset, cells in plan for c in cells for r in self.rows(dataset, c)],
+            )
+            for row in rows
+        ]
         write_cells_csv(self.output_dir, rows, home.id if home else self.machine.id)
 
     def rows(self, dataset: DatasetRun, cell: Cell) -> list[dict]:

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from specbench.models.costs import swi, weighted_passes
-from specbench.pipeline.results import CELLS, write_atomic
+from specbench.pipeline.results import CELLS, CELLS_SHA, text_checksum, write_atomic
 from specbench.pipeline.statistics import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
@@ -160,6 +160,9 @@ def _timing(rows: list[dict]) -> dict:
     if others:  # the share of the CPU other processes took while the cell's rows were measured
         out["others_cpu"] = float(np.mean(others))
         out["others_cpu_max"] = float(np.max(others))
+        headroom = [r["cpu_headroom"] for r in rows if r.get("cpu_headroom") is not None]
+        if headroom:
+            out["cpu_headroom"] = float(np.mean(headroom))
     # rows from before they named their engine: compiled ones were charged compile time
     engines = {r.get("engine") or ("compiled" if "compile_s" in r else "eager") for r in rows}
     out["engine"] = "+".join(sorted(engines))
@@ -269,6 +272,9 @@ def _speedup_intervals(groups: list[list[dict]], machine: str | None) -> list[tu
 
 
 def write_cells_csv(run_dir: Path, rows: list[dict], machine: str | None = None) -> pd.DataFrame:
+    """cells.csv from ``rows``, and beside it its checksum (so a hand edit is named by every reader)."""
     table = summarise(rows, machine)
-    write_atomic(Path(run_dir) / CELLS, table.to_csv(index=False))
+    text = table.to_csv(index=False)
+    write_atomic(Path(run_dir) / CELLS_SHA, text_checksum(text) + "\n")  # first: a kill between the two
+    write_atomic(Path(run_dir) / CELLS, text)  # leaves a mismatch, which a resume rewrites
     return table

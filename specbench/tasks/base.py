@@ -137,14 +137,28 @@ def _read_jsonl(path: Path):
         raise SpecbenchError(str(path), f"not readable as JSON lines ({type(error).__name__})", fix) from None
 
 
+# the longest data line read: far above any prompt a model's context holds, far below what parsing one
+# line may cost (a 20 MB line once grew the process past 20 GB)
+MAX_LINE_BYTES = 4 * 2**20
+
+
 def _plain_jsonl(path: Path, fix: str) -> list[dict]:
     """Every line a JSON object, or an error naming the first line that is not."""
     import json
 
+    with open(path, "rb") as handle:  # line lengths first, streaming: one huge line must not be read whole
+        for number, line in enumerate(iter(lambda: handle.readline(MAX_LINE_BYTES + 1), b""), start=1):
+            if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                raise SpecbenchError(
+                    f"{path}: line {number}",
+                    f"is longer than {MAX_LINE_BYTES // 2**20} MiB, longer than any prompt a model reads",
+                    "remove or shorten that row",
+                )
+    raw = path.read_bytes()
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte-order mark some editors write is not part of row 1
     except UnicodeDecodeError as error:
-        line = path.read_bytes()[: error.start].count(b"\n") + 1
+        line = raw[: error.start].count(b"\n") + 1
         raise SpecbenchError(f"{path}: line {line}", "is not UTF-8 text", fix) from None
     rows = []
     for number, line in enumerate(text.split("\n"), start=1):  # not splitlines: U+2028 is inside rows
@@ -158,6 +172,12 @@ def _plain_jsonl(path: Path, fix: str) -> list[dict]:
             raise SpecbenchError(
                 f"{path}: line {number}", f"is JSON {type(row).__name__}, not an object", fix
             )
+        try:  # "\ud800" parses, but is no character: no tokenizer or arrow table can take it
+            json.dumps(row, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise SpecbenchError(
+                f"{path}: line {number}", "holds a lone UTF-16 surrogate (an escaped \\ud800-\\udfff)", fix
+            ) from None
         rows.append(row)
     if not rows:
         raise SpecbenchError(str(path), "holds no rows", fix)

@@ -220,7 +220,9 @@ def rates_table(rows: list[dict], regression: pd.DataFrame | None = None) -> pd.
             "predicted_tokens_per_s_counts": math.nan,
         }
         fit = _pooled_fit(regression, dataset, first["target"], record["drafter"])
-        if fit is not None and _two_model(first):
+        # Equation 2.1 describes two models that each cost time per pass: a fit with a time <= 0 (a
+        # statistical drafter costs nothing, and noise pushes its time below zero) predicts nothing
+        if fit is not None and _two_model(first) and min(fit) > 0:
             t_draft, t_target = fit
             record |= {"t_draft_s": t_draft, "t_target_s": t_target}
             record["predicted_tokens_per_s"] = 1.0 / time_per_token(t_draft, t_target, r_discard, r_verify)

@@ -1,0 +1,145 @@
+"""Inputs that used to print a wrong number quietly or exhaust the machine: refused before any work,
+with one line naming the file, the field and the fix."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from specbench.cli import app
+from specbench.errors import SpecbenchError
+from specbench.recipe import load_recipe
+from specbench.tasks import TASKS
+
+runner = CliRunner()
+
+RECIPE = """\
+name: refused
+generation: {max_new_tokens: 4, temperature: 0.0}
+models:
+  target: {source: tiny-llama, dtype: float64}
+  lookup: {source: prompt-lookup}
+datasets:
+  - {task: arithmetic, limit: 2}
+methods:
+  - {name: ar, method: autoregressive, target: target}
+  - {name: sd, method: speculative, target: target, drafter: lookup, grid: {k: [2, 4]}}
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    return path
+
+
+def _refused(tmp_path: Path, text: str, pattern: str) -> None:
+    result = runner.invoke(app, ["run", str(_write(tmp_path, text)), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    line = " ".join(result.output.split())
+    assert "Traceback" not in result.output and pattern in line, line
+    assert not (tmp_path / "out" / "examples.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    "second",
+    ["  - {task: arithmetic, limit: 2}\n", "  - {task: arithmetic, split: test, max_new_tokens: 9}\n"],
+)
+def test_a_dataset_listed_twice_is_refused_naming_both(tmp_path: Path, second: str):
+    text = RECIPE.replace("  - {task: arithmetic, limit: 2}\n", "  - {task: arithmetic, limit: 2}\n" + second)
+    _refused(tmp_path, text, "datasets[1]: arithmetic/test is also datasets[0]")
+
+
+def test_another_split_of_the_same_task_is_a_dataset_of_its_own(tmp_path: Path):
+    text = RECIPE.replace(
+        "  - {task: arithmetic, limit: 2}\n",
+        "  - {task: arithmetic, split: test}\n  - {task: arithmetic, split: dev}\n",
+    )
+    recipe = load_recipe(_write(tmp_path, text), known_tasks=set(TASKS))
+    assert [d.split for d in recipe.datasets] == ["test", "dev"]
+
+
+def test_duplicate_example_ids_in_a_data_file_are_refused(tmp_path: Path):
+    questions = tmp_path / "question.jsonl"
+    rows = [
+        {"question_id": 7, "category": "writing", "turns": ["Say hi."]},
+        {"question_id": 8, "category": "math", "turns": ["1 + 1?"]},
+        {"question_id": 7, "category": "qa", "turns": ["Who?"]},
+    ]
+    questions.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    text = RECIPE.replace("{task: arithmetic, limit: 2}", f"{{task: spec_bench, data_files: {questions}}}")
+    _refused(tmp_path, text, "example id 'spec_bench/7' is given twice (examples 1 and 3)")
+
+
+def test_a_long_grid_is_checked_in_linear_time_and_a_huge_one_is_refused(tmp_path: Path):
+    values = list(range(1, 250_001))
+    text = RECIPE.replace("grid: {k: [2, 4]}", "grid: {k: " + json.dumps(values) + "}")
+    started = time.perf_counter()
+    with pytest.raises(SpecbenchError, match=r"methods\[1\].grid: .*gives 250,000 cells, more than 10,000"):
+        load_recipe(_write(tmp_path, text))
+    assert time.perf_counter() - started < 30
+    repeated = RECIPE.replace("grid: {k: [2, 4]}", "grid: {k: [2, 3, 2]}")
+    with pytest.raises(SpecbenchError, match=r"grid.k: 2 appears twice"):
+        load_recipe(_write(tmp_path, repeated))
+
+
+def test_cells_over_every_method_count_against_the_cap(tmp_path: Path):
+    grid = "grid: {k: " + json.dumps(list(range(1, 61))) + ", lenience: [1, 1.5, 2, 3, 4]}"  # 300 each
+    methods = "".join(
+        f"  - {{name: sd{i}, method: speculative, target: target, drafter: lookup, {grid}}}\n"
+        for i in range(40)
+    )
+    head = RECIPE.split("methods:\n")[0].replace("max_new_tokens: 4,", "max_new_tokens: 64,")
+    text = f"{head}methods:\n  - {{name: ar, method: autoregressive, target: target}}\n{methods}"
+    with pytest.raises(SpecbenchError, match=r"methods: give 12,001 cells in all, more than 10,000"):
+        load_recipe(_write(tmp_path, text))
+
+
+def test_the_specdecpp_view_never_prints_a_negative_throughput():
+    """On a run whose drafter is statistical (prompt lookup: no time per pass), Equation 2.1's fit gives
+    t_draft < 0; its Equation 2.3 prediction is left out, not printed as -155.72 tok/s."""
+    from specbench.papers.specdecpp.efficiency import rates_table, regression_table
+    from specbench.pipeline.results import read_examples
+
+    rows = read_examples(Path(__file__).resolve().parents[2] / "results/quickstart")
+    assert (regression_table(rows)["t_draft_s"] < 0).any()  # the fit this guards against
+    predicted = rates_table(rows)["predicted_tokens_per_s"]
+    assert not (predicted <= 0).any()
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (
+            b'{"question": "x", "answer": "#### 1"}\n' + b'{"question": "' + b"a" * (5 * 2**20) + b'"}\n',
+            "line 2): is longer than 4 MiB",
+        ),
+        (b'{"question": "\\ud800", "answer": "#### 1"}\n', "line 1): holds a lone UTF-16 surrogate"),
+    ],
+)
+def test_unbounded_or_unencodable_data_lines_are_refused_by_line(
+    tmp_path: Path, content: bytes, problem: str
+):
+    data = tmp_path / "data.jsonl"
+    data.write_bytes(content)
+    text = RECIPE.replace("{task: arithmetic, limit: 2}", f"{{task: gsm8k, data_files: {data}}}")
+    _refused(tmp_path, text, problem)
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_row(tmp_path: Path):
+    from specbench.tasks import get_task
+
+    data = tmp_path / "data.jsonl"
+    data.write_bytes(b'\xef\xbb\xbf{"question": "1 + 1?", "answer": "2 #### 2"}\n')
+    (example,) = get_task("gsm8k").load(split="test", data_files=str(data))
+    assert "1 + 1?" in example.prompt
+
+
+def test_a_prompt_and_budget_beyond_the_models_context_is_refused_before_the_first_row(tmp_path: Path):
+    """tiny-llama has 4,096 positions: arithmetic prompts (~40 tokens) + 4,090 new tokens do not fit."""
+    text = RECIPE.replace("max_new_tokens: 4,", "max_new_tokens: 4090,")
+    _refused(tmp_path, text, "new tokens exceed the context of target (4096 positions)")
