@@ -434,9 +434,10 @@ def test_every_samples_across_a_sorted_set_before_the_limit(tmp_path):
     from specbench.pipeline.runner import Runner
 
     data = copy.deepcopy(BASE)
-    data["datasets"] = [{"task": "arithmetic", "every": 5, "limit": 3}, {"task": "arithmetic"}]
-    recipe = parse_recipe(data, tmp_path / "r.yaml")
-    strided, everything = Runner(recipe, tmp_path / "out").datasets()
+    data["datasets"] = [{"task": "arithmetic", "every": 5, "limit": 3}]
+    (strided,) = Runner(parse_recipe(data, tmp_path / "r.yaml"), tmp_path / "out").datasets()
+    data["datasets"] = [{"task": "arithmetic"}]
+    (everything,) = Runner(parse_recipe(data, tmp_path / "r.yaml"), tmp_path / "out").datasets()
     assert [e.id for e in strided.examples] == [everything.examples[i].id for i in (0, 5, 10)]
     data["datasets"] = [{"task": "arithmetic", "every": 0}]
     with pytest.raises(SpecbenchError, match="every"):

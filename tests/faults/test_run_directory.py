@@ -125,6 +125,7 @@ def test_a_full_disk_takes_back_the_partial_row(tmp_path: Path, monkeypatch):
     path = tmp_path / "examples.jsonl"
     log = ExampleLog(path)
     log.append({"key": "a"})
+    written = path.read_bytes()
     real_write = os.write
 
     def short_write(fd, data):  # the disk fills up 5 bytes into the line
@@ -134,7 +135,7 @@ def test_a_full_disk_takes_back_the_partial_row(tmp_path: Path, monkeypatch):
     with pytest.raises(SpecbenchError, match="No space left on device.*--resume"):
         log.append({"key": "b", "output_ids": [1, 2, 3]})
     monkeypatch.undo()
-    assert path.read_bytes() == b'{"key":"a"}\n'  # no torn line left behind
+    assert path.read_bytes() == written  # no torn line left behind
     assert [r["key"] for r in ExampleLog(path).rows] == ["a"]
 
 
@@ -155,9 +156,11 @@ def test_a_data_file_whose_answers_changed_is_noticed(tmp_path: Path):
     result = runner.invoke(app, ["run", str(recipe), "-o", str(out), "--resume"])
     message = " ".join(result.output.split())
     assert result.exit_code == 2 and "the gold answer of example gsm8k/test/0 changed" in message
-    rows[0]["question"] = "What is 2 + 4?"  # a changed prompt is a new row: computed, not refused
+    rows[0]["question"] = "What is 2 + 4?"  # a changed prompt: its recorded rows would drop out
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    assert runner.invoke(app, ["run", str(recipe), "-o", str(out), "--resume"]).exit_code == 0
+    result = runner.invoke(app, ["run", str(recipe), "-o", str(out), "--resume"])
+    assert result.exit_code == 2 and "does not produce" in " ".join(result.output.split())
+    assert runner.invoke(app, ["run", str(recipe), "-o", str(tmp_path / "new")]).exit_code == 0
 
 
 def test_a_recipes_bigram_path_starts_at_the_recipes_folder(tmp_path: Path):
