@@ -16,11 +16,6 @@ from specbench.models.tiny import build_tiny
 
 __all__ = ["ENGINES", "engine_model"]
 
-# compiled test models keep inductor's caches in a folder of this session, not the user's cache
-os.environ.setdefault(
-    "SPECBENCH_COMPILE_CACHE", __import__("tempfile").mkdtemp(prefix="specbench-test-compile-")
-)
-
 # the draft lengths tests use: a compiled test model compiles a pass of each + 1 tokens
 TEST_DRAFT_LENGTHS = (2, 4, 8)  # buckets 1, 3, 5, 9: the others pad
 

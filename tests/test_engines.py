@@ -219,6 +219,7 @@ print(json.dumps(seen))
 """
 
 
+@pytest.mark.slow  # two compilations in a fresh process: ~45 s on 2 cores
 def test_a_second_compilation_finds_its_graphs_in_the_specbench_compile_cache(tmp_path):
     """Inductor's caches live under the folder specbench names (one per machine and torch build by
     default): a second compilation of the same shapes reads its graphs back ("hit") instead of building
@@ -243,7 +244,7 @@ def test_the_compile_cache_folder_is_per_machine_and_torch_build(monkeypatch, tm
     from specbench.models.compiled import use_compile_cache
     from specbench.models.machine import this_machine
 
-    monkeypatch.delenv("SPECBENCH_COMPILE_CACHE")
+    monkeypatch.delenv("SPECBENCH_COMPILE_CACHE", raising=False)
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "elsewhere")
     folder = use_compile_cache()

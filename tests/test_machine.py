@@ -185,6 +185,9 @@ def test_report_and_compare_name_the_machine_of_each_run(measured: Path):
     text = " ".join(compared.output.split())
     assert "quickstart: measured on Intel(R) Xeon(R) Processor (family 6, model 167), AMX" in text
     assert "smollm2 bfloat16 (auto: this CPU has AMX), eager" in text
+    assert "The runs differ in machine, models, dtypes and engines, generation settings:" in text
+    same = " ".join(runner.invoke(app, ["compare", str(measured), str(measured)]).output.split())
+    assert "differ" not in same
 
 
 def test_the_run_help_keeps_the_ray_extra_in_brackets():

@@ -10,15 +10,17 @@ value a run did not measure (a replayed cell's tokens/s), shows "—".
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
+import yaml
 from rich.console import Console
 
 from specbench.errors import SpecbenchError
 from specbench.pipeline.environment import machines_of, read_environment
 from specbench.pipeline.report import display_frame, emit, load_cells, measured_on
-from specbench.pipeline.results import CELLS
+from specbench.pipeline.results import CELLS, RESOLVED_RECIPE
 
 MISSING = "—"
 # (column of the report's display frame, its name here)
@@ -84,20 +86,23 @@ def compare_frame(runs: list[tuple[str, pd.DataFrame]]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _setup(path: Path) -> tuple:
-    """What a run's times depend on besides its cells: its machines and each model's dtype and engine."""
+def _setup(path: Path) -> dict:
+    """What a run's numbers depend on besides its cells: the machines that measured it, each model's
+    source, dtype and engine, and the generation settings (budget, temperature), where recorded."""
     environment = read_environment(path)
-    models = environment.get("models") or {}
-    return (
-        tuple(machines_of(environment)),
-        tuple(
-            sorted(
-                (name, str(m.get("dtype")), str(m.get("engine")))
-                for name, m in models.items()
-                if isinstance(m, dict)
-            )
+    models = {n: m for n, m in (environment.get("models") or {}).items() if isinstance(m, dict)}
+    try:
+        generation = (yaml.safe_load((path / RESOLVED_RECIPE).read_text()) or {}).get("generation")
+    except (OSError, yaml.YAMLError, AttributeError):
+        generation = None
+    return {
+        "machine": sorted(machines_of(environment)),
+        "models": sorted((n, str(m.get("source"))) for n, m in models.items()),
+        "dtypes and engines": sorted(
+            (n, str(m.get("dtype")), m.get("engine") or "eager") for n, m in models.items()
         ),
-    )
+        "generation settings": generation,
+    }
 
 
 def _check_count(runs: list) -> None:
@@ -127,10 +132,14 @@ def render_compare(paths: list[Path], fmt: str = "table", console: Console | Non
     ]
     first = runs[0][0]
     machines = [measured_on(Path(path), label) for label, path in zip(labels(paths), paths, strict=True)]
-    if len({_setup(Path(path)) for path in paths}) > 1:
+    setups = [_setup(Path(path)) for path in paths]
+    differ = [
+        aspect for aspect in setups[0] if len({json.dumps(s[aspect], sort_keys=True) for s in setups}) > 1
+    ]
+    if differ:
         machines.append(
-            "The runs were measured on different machines, dtypes or engines (above): tok/s X/first "
-            "compares those too; each speedup is over its own run's AR cell."
+            f"The runs differ in {', '.join(differ)}: tok/s X/first compares those too, not only the "
+            "methods; each speedup is over its own run's AR cell."
         )
     note = (
         f"Cells matched on dataset and cell id. speedup: tokens/s over the AR cell of the same run; "

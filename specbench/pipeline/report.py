@@ -147,21 +147,14 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
 def _spread(record: dict) -> str:
     """`` ± 0.2 (3 repeats)``: with ``repeats``, the sample std of the cell's tokens/s over its repeats
     (run-to-run noise, which the bootstrap over prompts does not see)."""
-    std = record.get("tokens_per_s_repeat_std")
-    try:
-        std = float(std)
-    except (TypeError, ValueError):
-        return ""
-    return "" if math.isnan(std) else f" ± {std:.1f} ({int(record['repeats'])} repeats)"
+    std = format_num(record.get("tokens_per_s_repeat_std"), 1)
+    return f" ± {std} ({int(record['repeats'])} repeats)" if std else ""
 
 
 def _load(share) -> str:
     """Other processes' share of the CPU during a cell: ``3%``."""
-    try:
-        share = float(share)
-    except (TypeError, ValueError):
-        return ""
-    return "" if math.isnan(share) else f"{100 * share:.0f}%"
+    value = format_num(share, 3)
+    return f"{100 * float(value):.0f}%" if value else ""
 
 
 def _contended(record: dict) -> bool:
@@ -174,7 +167,7 @@ def _contended(record: dict) -> bool:
     headroom = record.get("cpu_headroom")
     competed = True
     if isinstance(headroom, int | float) and not math.isnan(headroom):
-        competed = headroom < 0
+        competed = headroom < -0.25  # a quarter of a core short: more than /proc/stat's rounding
     return share > LOADED and competed
 
 
