@@ -31,6 +31,7 @@ def user_errors(command):
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
+        _replace_unencodable()
         try:
             return command(*args, **kwargs)
         except SpecbenchError as error:
@@ -135,6 +136,7 @@ def run(
     overrides = {"repeats": repeats, "schedule": schedule, "threads": threads}
     loaded = loaded.model_copy(update={k: v for k, v in overrides.items() if v is not None})
     out = output_dir or Path("results") / loaded.name
+    check_output_dir(out)
     Runner(
         loaded,
         out,
@@ -188,6 +190,7 @@ def tune(
 
     loaded = load_recipe(recipe, known_tasks=set(TASKS))
     out = output_dir or Path("results") / f"{loaded.name}-tune"
+    check_output_dir(out)
     _, best = run_tune(loaded, out, table=table, rounds=rounds, start=start, resume=resume, console=err)
     for method, datasets in best.items():
         for dataset, entry in datasets.items():
@@ -615,8 +618,7 @@ def bigram_build(
     texts = corpus_texts(corpus)
     ids = [model.tokenizer(text, add_special_tokens=False).input_ids for text in texts]
     table = BigramTable.build(ids, len(model.tokenizer))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    table.save(out)
+    table.save(out)  # makes its folder
     learned = int((table.next_token != table.next_token.new_tensor(range(len(table)))).sum())
     err.print(f"{out}: {len(table)} entries, {learned} learned from {len(texts)} texts")
 
@@ -737,6 +739,26 @@ def _json_option(flag: str, value: str) -> dict:
 
 def main() -> None:  # pragma: no cover
     app()
+
+
+def check_output_dir(out: Path) -> None:
+    """Results go in a folder of their own: never the current folder or one above it (``-o ''``)."""
+    here = Path.cwd().resolve()
+    if out.resolve() in (here, *here.parents):
+        raise SpecbenchError(
+            "--output-dir",
+            f"{str(out) if str(out) != '.' else repr(str(out))} is the current folder or one above it: "
+            "results would land among other files",
+            "name a folder of their own, e.g. -o results/NAME",
+        )
+
+
+def _replace_unencodable() -> None:
+    """A terminal or pipe that cannot encode our tables' characters (PYTHONIOENCODING=ascii, a C
+    locale) gets '?' for them, not a UnicodeEncodeError after half a table."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure") and (stream.encoding or "").lower().replace("-", "") != "utf8":
+            stream.reconfigure(errors="replace")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -46,7 +46,8 @@ from specbench.errors import SpecbenchError
 from specbench.methods import METHODS, Method, ParamSpec
 from specbench.models.costs import cost_tables
 
-NAME_PATTERN = r"[A-Za-z0-9_.-]+"
+MAX_NAME = 100  # a recipe's name is a folder name under results/
+NAME_PATTERN = rf"[A-Za-z0-9_][A-Za-z0-9_.-]{{0,{MAX_NAME - 1}}}"
 
 
 # -- the schema --------------------------------------------------------------------------------
@@ -58,8 +59,11 @@ def _invalid(problem: str, fix: str) -> PydanticCustomError:
 
 
 def _check_name(value: str) -> str:
-    if not re.fullmatch(NAME_PATTERN, value):
-        raise _invalid(f"{value!r} is not a valid name", "use only letters, digits, '_', '.' and '-'")
+    if not re.fullmatch(NAME_PATTERN, value):  # never "." or "..": the folder itself or the one above
+        raise _invalid(
+            f"{value[:60]!r}{'...' if len(value) > 60 else ''} is not a valid name",
+            f"use up to {MAX_NAME} letters, digits, '_', '.' and '-', starting with a letter or digit",
+        )
     return value
 
 
@@ -170,7 +174,7 @@ class DatasetSpec(_Strict):
 
 class GenerationSpec(_Strict):
     max_new_tokens: int = Field(default=128, ge=1, le=MAX_NEW_TOKENS)
-    temperature: float = Field(default=0.0, ge=0.0)  # 0 = greedy
+    temperature: float = Field(default=0.0, ge=0.0, le=100.0, allow_inf_nan=False)  # 0 = greedy
     top_k: int = Field(default=0, ge=0)  # 0 = off
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
 
@@ -369,7 +373,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
     def construct_mapping(self, node, deep=False):
         seen = set()
-        for key_node, _ in node.value:
+        explicit = [(k, v) for k, v in node.value if k.tag != "tag:yaml.org,2002:merge"]
+        if len(explicit) < len(node.value):  # `<<: *defaults`: merged keys may be overridden
+            self.flatten_mapping(node)
+        for key_node, _ in explicit:
             key = self.construct_object(key_node, deep=deep)
             if not isinstance(key, (str, int, float, bool)):
                 continue  # unhashable keys are reported by SafeLoader itself
@@ -397,6 +404,10 @@ def load_recipe(path: str | Path, known_tasks: Collection[str] | None = None) ->
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
     except yaml.YAMLError as error:
         raise _yaml_error(path, error) from None
+    except RecursionError:
+        raise SpecbenchError(
+            str(path), "is nested too deeply to be a recipe", "a recipe is a few levels of mappings and lists"
+        ) from None
     return parse_recipe(data, path, known_tasks)
 
 

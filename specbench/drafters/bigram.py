@@ -62,8 +62,14 @@ class BigramTable:
         return cls(table)
 
     def save(self, path: str | Path) -> None:
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(self.next_token.tolist(), handle)
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "w", encoding="utf-8") as handle:
+                json.dump(self.next_token.tolist(), handle)
+        except OSError as error:
+            raise SpecbenchError(
+                str(path), f"cannot write the table ({error.strerror or error})", "choose a writable --out"
+            ) from None
 
     @classmethod
     def build(cls, token_id_sequences, vocab_size: int) -> BigramTable:
@@ -102,19 +108,25 @@ def corpus_texts(paths) -> list[str]:
         path = Path(path)
         if not path.is_file():
             raise SpecbenchError(str(path), "corpus file not found", "give existing .jsonl or text files")
-        with path.open(encoding="utf-8") as lines:  # not splitlines(): texts may hold U+2028
-            for number, line in enumerate(lines, 1):
-                if not line.strip():
-                    continue
-                if path.suffix != ".jsonl":
-                    texts.append(line.rstrip("\n"))
-                    continue
-                try:
-                    texts.extend(_strings(json.loads(line)))
-                except json.JSONDecodeError:
-                    raise SpecbenchError(
-                        f"{path}:{number}", "not a JSON object", "one JSON object a line"
-                    ) from None
+        try:
+            raw = path.read_bytes().decode("utf-8-sig")
+        except UnicodeDecodeError as error:
+            line = path.read_bytes()[: error.start].count(b"\n") + 1
+            raise SpecbenchError(
+                f"{path}:{line}", "is not UTF-8 text (a binary file?)", "give .jsonl or text files"
+            ) from None
+        for number, line in enumerate(raw.split("\n"), 1):  # not splitlines(): texts may hold U+2028
+            if not line.strip():
+                continue
+            if path.suffix != ".jsonl":
+                texts.append(line)
+                continue
+            try:
+                texts.extend(_strings(json.loads(line)))
+            except json.JSONDecodeError:
+                raise SpecbenchError(
+                    f"{path}:{number}", "not a JSON object", "one JSON object a line"
+                ) from None
     return texts
 
 

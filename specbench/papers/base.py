@@ -63,12 +63,21 @@ def load_runs(results: Path) -> list[Run]:
         directory = results if (results / CELLS).is_file() else results / str(name)
         run = Run(str(name), directory, frame.reset_index(drop=True))
         recipe = directory / "resolved_recipe.yaml"
+        fix = "restore it (e.g. git checkout), or delete it: a run resumed there writes it again"
         if recipe.is_file():
-            models = (yaml.safe_load(recipe.read_text()) or {}).get("models") or {}
-            run.sources = {m: str(spec.get("source", "")) for m, spec in models.items()}
+            try:
+                models = (yaml.safe_load(recipe.read_text()) or {}).get("models") or {}
+                run.sources = {m: str(spec.get("source", "")) for m, spec in models.items()}
+            except (yaml.YAMLError, UnicodeDecodeError, AttributeError):
+                raise SpecbenchError(str(recipe), "is not a readable resolved recipe", fix) from None
         environment = directory / "environment.json"
         if environment.is_file():
-            run.environment = json.loads(environment.read_text()).get("models") or {}
+            try:
+                run.environment = json.loads(environment.read_text()).get("models") or {}
+            except (ValueError, UnicodeDecodeError, AttributeError):
+                raise SpecbenchError(
+                    str(environment), "is not readable JSON (corrupted or edited)", fix
+                ) from None
         runs.append(run)
     return runs
 

@@ -100,6 +100,14 @@ def run_bench(
     target_options = target_options or {}
     if drafter_source == "same":
         drafter_source, drafter_options = target_source, target_options
+    for flag, source in (("--target", target_source), ("--drafter", drafter_source)):
+        if not sources.source_of(source).neural:
+            raise SpecbenchError(
+                flag,
+                f"{source} is a statistical drafter: bench compares model passes (and always runs "
+                "prompt lookup itself beside the model drafter)",
+                "give a model, e.g. --drafter distilled:smollm2-135m-instruct/small, or --drafter same",
+            )
     with console.status(f"loading {target_source}"):
         target = sources.load(
             sources.ModelRequest("target", target_source, dtype, device, options=_items(target_options))

@@ -99,8 +99,15 @@ class Runner(Measurer):
         plan = [
             (dataset, sorted(cells, key=lambda c: c.method != "autoregressive")) for dataset, cells in plan
         ]
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        lock = RunLock(self.output_dir)
+        try:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            lock = RunLock(self.output_dir)
+        except OSError as error:  # read-only, no permission, a name too long
+            raise SpecbenchError(
+                str(self.output_dir),
+                f"cannot be written ({error.strerror or error})",
+                "choose a writable --output-dir",
+            ) from None
         try:
             return self._run_locked(plan)
         finally:

@@ -65,7 +65,7 @@ class Task:
                 raise SpecbenchError(
                     origin,
                     f"row {index} has no field {missing[0]!r} (task {self.name} expects {list(self.fields)})",
-                    f"use a JSONL file in the schema of {self.hub_id or f'specbench/data/{self.embedded}'}",
+                    f"use a JSONL file in the schema of {self.schema()}",
                 )
             try:
                 examples.append(self.build(row, f"{self.name}/{split}/{index}"))
@@ -74,8 +74,7 @@ class Task:
                 raise SpecbenchError(
                     origin,
                     f"row {index} does not fit task {self.name} ({_shape_problem(error)})",
-                    f"use a JSONL file in the schema of {self.hub_id or f'specbench/data/{self.embedded}'}"
-                    f" (fields {list(self.fields)})",
+                    f"use a JSONL file in the schema of {self.schema()} (fields {list(self.fields)})",
                 ) from None
         return examples
 
@@ -96,6 +95,14 @@ class Task:
 
     def corpus_statistics(self, example: Example, output_text: str) -> dict[str, list[float]]:
         return self.statistics(example, output_text) if self.statistics else {}
+
+    def schema(self) -> str:
+        """Where the task's rows are defined: its Hub dataset, its embedded file, else its fields."""
+        if self.hub_id:
+            return self.hub_id
+        if self.embedded:
+            return f"specbench/data/{self.embedded}"
+        return f"task {self.name} (one JSON object a line)"
 
     def _rows(self, split: str, data_files: str | None):
         if data_files:
