@@ -143,3 +143,122 @@ def test_a_prompt_and_budget_beyond_the_models_context_is_refused_before_the_fir
     """tiny-llama has 4,096 positions: arithmetic prompts (~40 tokens) + 4,090 new tokens do not fit."""
     text = RECIPE.replace("max_new_tokens: 4,", "max_new_tokens: 4090,")
     _refused(tmp_path, text, "new tokens exceed the context of target (4096 positions)")
+
+
+TINY = Path(__file__).resolve().parents[2] / "recipes" / "quickstart-tiny.yaml"
+
+
+def _one_line(result, pattern: str) -> None:
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "Traceback" not in result.output and pattern in text, text
+
+
+@pytest.mark.parametrize(
+    "edit, pattern",
+    [
+        (lambda t: "x: " + "[" * 3000 + "]" * 3000 + "\n" + t, "is nested too deeply to be a recipe"),
+        (lambda t: t.replace("name: quickstart-tiny", "name: '..'"), "name: '..' is not a valid name"),
+        (
+            lambda t: t.replace("name: quickstart-tiny", "name: " + "a" * 300),
+            "is not a valid name — fix: use up to 100",
+        ),
+        (lambda t: t.replace("temperature: 0.0", "temperature: .inf"), "generation.temperature: Infinity"),
+    ],
+    ids=["deep", "dots", "long-name", "infinite-temperature"],
+)
+def test_hostile_recipes_are_one_line(tmp_path: Path, edit, pattern: str):
+    path = _write(tmp_path, edit(TINY.read_text()))
+    _one_line(runner.invoke(app, ["plan", str(path)]), pattern)
+
+
+def test_yaml_merge_keys_are_yaml(tmp_path: Path):
+    text = (
+        TINY.read_text()
+        .replace(
+            "generation:\n  max_new_tokens: 24\n  temperature: 0.0\n",
+            "generation: &gen\n  max_new_tokens: 24\n  temperature: 0.0\n",
+        )
+        .replace(
+            "  draft:\n    source: tiny-llama\n    dtype: float64\n",
+            "  draft:\n    <<: {source: tiny-llama}\n    dtype: float64\n",
+        )
+    )
+    recipe = load_recipe(_write(tmp_path, text))
+    assert recipe.models["draft"].source == "tiny-llama"
+
+
+@pytest.mark.parametrize("out", ["", ".", ".."])
+def test_results_never_go_into_the_current_folder_or_above(tmp_path: Path, out: str, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _one_line(
+        runner.invoke(app, ["run", str(TINY), "-o", out, "--limit", "1"]),
+        "is the current folder or one above it",
+    )
+    assert not (tmp_path / "examples.jsonl").exists()
+
+
+def test_an_unwritable_output_directory_is_one_line(tmp_path: Path, monkeypatch):
+    def read_only(directory):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr("specbench.pipeline.runner.RunLock", read_only)
+    result = runner.invoke(app, ["run", str(TINY), "-o", str(tmp_path / "out"), "--limit", "1"])
+    _one_line(result, "out: cannot be written (Read-only file system) — fix: choose a writable --output-dir")
+
+
+def test_a_terminal_that_cannot_encode_our_tables_gets_question_marks(tmp_path: Path):
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    out = subprocess.run(
+        [sys.executable, "-m", "specbench.cli", "report", str(root / "results/quickstart")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-500:]
+    assert "quickstart ? passages/test" in out.stdout
+
+
+def test_a_corrupt_environment_under_a_paper_view_is_one_line(tmp_path: Path):
+    import shutil
+
+    root = Path(__file__).resolve().parents[2]
+    run = tmp_path / "run"
+    shutil.copytree(root / "results/cs_drafting/table2_smollm2_offline", run)
+    (run / "environment.json").write_text("{broken")
+    result = runner.invoke(app, ["report", str(run), "--paper", "cs-drafting-table2"])
+    _one_line(result, "environment.json: is not readable JSON (corrupted or edited)")
+
+
+def test_bigram_build_refuses_a_binary_corpus_and_an_unwritable_table(tmp_path: Path):
+    binary = tmp_path / "corpus.jsonl"
+    binary.write_bytes(bytes(range(256)) * 4)
+    args = ["bigram", "build", "--tokenizer", "tiny-llama", "--out", str(tmp_path / "t.json")]
+    _one_line(runner.invoke(app, [*args, "--corpus", str(binary)]), "corpus.jsonl:2: is not UTF-8 text")
+    good = tmp_path / "ok.jsonl"
+    good.write_text('{"text": "a b c"}\n')
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where a folder should be")
+    result = runner.invoke(app, [*args[:-1], str(blocked / "t.json"), "--corpus", str(good)])
+    _one_line(result, "cannot write the table")
+
+
+def test_bench_with_a_statistical_drafter_is_one_line():
+    result = runner.invoke(
+        app, ["bench", "--target", "tiny-llama", "--drafter", "prompt-lookup", "--engine", "compiled"]
+    )
+    _one_line(result, "--drafter: prompt-lookup is a statistical drafter")
+
+
+def test_a_schema_is_never_named_none(tmp_path: Path):
+    data = tmp_path / "question.jsonl"
+    data.write_text('{"question_id": 1, "category": "qa"}\n')
+    text = RECIPE.replace("{task: arithmetic, limit: 2}", f"{{task: spec_bench, data_files: {data}}}")
+    result = runner.invoke(app, ["run", str(_write(tmp_path, text)), "-o", str(tmp_path / "out")])
+    _one_line(result, "has no field 'turns'")
+    assert "None" not in result.output
