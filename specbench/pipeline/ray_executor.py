@@ -51,6 +51,21 @@ INSTALL = "pip install 'specbench-llm[ray]'"
 FORWARDED_ENV = ("SPECBENCH_", "HF_", "TRANSFORMERS_")
 
 
+def _check_reachable(address: str | None, timeout: float = 5.0) -> None:
+    """A HOST:PORT that does not answer fails in seconds (Ray itself retries for minutes)."""
+    if not address or address == "auto" or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except (OSError, ValueError) as error:
+        raise SpecbenchError(
+            "--address",
+            f"no Ray cluster answers at {address} ({_one_line(error)})",
+            "start one with `ray start --head` and pass --address auto (or the head's HOST:PORT)",
+        ) from None
+
+
 def require_ray():
     """The ``ray`` module, imported only here (never when specbench is imported)."""
     try:
@@ -161,6 +176,7 @@ class RayExecutor:
 
     def _connect(self, ray) -> None:
         options = {} if self.address else {"include_dashboard": False}  # a new local cluster
+        _check_reachable(self.address)
         try:
             ray.init(address=self.address, logging_level=logging.WARNING, **options)
         except (ConnectionError, RuntimeError, ValueError) as error:

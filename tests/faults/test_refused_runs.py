@@ -262,3 +262,13 @@ def test_a_schema_is_never_named_none(tmp_path: Path):
     result = runner.invoke(app, ["run", str(_write(tmp_path, text)), "-o", str(tmp_path / "out")])
     _one_line(result, "has no field 'turns'")
     assert "None" not in result.output
+
+
+def test_an_unreachable_ray_address_fails_in_seconds():
+    from specbench.pipeline.ray_executor import _check_reachable
+
+    started = time.perf_counter()
+    with pytest.raises(SpecbenchError, match=r"--address: no Ray cluster answers at 127.0.0.1:1"):
+        _check_reachable("127.0.0.1:1")
+    assert time.perf_counter() - started < 10
+    _check_reachable("auto")  # Ray finds (or refuses) the local cluster itself, quickly
