@@ -263,6 +263,11 @@ def write_files(tmp: Path) -> None:
     (tmp / "empty-model").mkdir()
     (tmp / "fake.gguf").write_bytes(b"GGUF? no: " + bytes(range(64)))
     (tmp / "a-file").write_text("x")
+    (tmp / "data-same-id.jsonl").write_text(
+        "".join(json.dumps({"question_id": 7, "category": "qa", "turns": [t]}) + "\n" for t in ("a?", "b?"))
+    )
+    (tmp / "data-surrogate.jsonl").write_bytes(b'{"question": "\\ud800", "answer": "#### 1"}\n')
+    (tmp / "corpus.txt").write_text("a b c\n")
     (tmp / "torn-run").mkdir()
     (tmp / "torn-run" / "examples.jsonl").write_bytes(b'{"key": "a"}\n{"key": "b", "tru')
 
@@ -318,6 +323,84 @@ def command_cases(tmp: Path) -> list[Case]:
     ]
 
 
+def hostile_cases(tmp: Path) -> list[Case]:
+    """Issue 30's hostile inputs: ambiguous labels, unbounded work, names that are folders, values
+    that are not numbers, and commands that once ended in a traceback."""
+    twice = copy.deepcopy(BASE)
+    twice["datasets"].append({"task": "arithmetic", "max_new_tokens": 9})
+    huge_grid = copy.deepcopy(BASE)
+    huge_grid["methods"][2]["grid"] = {"k": list(range(1, 20_001))}
+    many = copy.deepcopy(BASE)
+    many["generation"]["max_new_tokens"] = 64
+    many["methods"] += [
+        {
+            "name": f"m{i}",
+            "method": "speculative",
+            "target": "target",
+            "drafter": "lookup",
+            "grid": {"k": list(range(1, 61)), "lenience": [1, 1.5, 2, 3, 4]},
+        }
+        for i in range(40)
+    ]
+    ids = {"task": "spec_bench", "data_files": str(tmp / "data-same-id.jsonl")}
+    surrogate = {"task": "gsm8k", "split": "test", "data_files": str(tmp / "data-surrogate.jsonl")}
+    long_prompt = _with(("generation",), "max_new_tokens", 4090)
+    return [
+        Case("a dataset listed twice", twice, field="datasets[1]"),
+        Case("an example id given twice", _with(("datasets",), 0, ids), field="example id"),
+        Case("a lone UTF-16 surrogate in a data file", _with(("datasets",), 0, surrogate), field="line 1"),
+        Case("a grid of 20,000 values", huge_grid, field="grid"),
+        Case("more than 10,000 cells", many, field="methods"),
+        Case("a prompt beyond the model's context", long_prompt, field="context"),
+        Case("a name that is the folder above", _with((), "name", ".."), field="name"),
+        Case("a 300-character name", _with((), "name", "a" * 300), field="name"),
+        Case(
+            "an infinite temperature",
+            raw=yaml.safe_dump(BASE).replace("temperature: 0.0", "temperature: .inf").encode(),
+            field="temperature",
+        ),
+        Case("YAML nested 3,000 deep", raw=b"x: " + b"[" * 3000 + b"]" * 3000 + b"\n"),
+        Case(
+            "run: -o ''",
+            argv=("run", str(ROOT / "recipes/quickstart-tiny.yaml"), "-o", ""),
+            field="--output-dir",
+        ),
+        Case(
+            "bench: a statistical drafter",
+            argv=("bench", "--target", "tiny-llama", "--drafter", "prompt-lookup"),
+            field="--drafter",
+        ),
+        Case(
+            "bigram build: a binary corpus",
+            argv=(
+                "bigram",
+                "build",
+                "--tokenizer",
+                "tiny-llama",
+                "--corpus",
+                str(_data_path(tmp, "binary")),
+                "--out",
+                str(tmp / "t.json"),
+            ),
+            field="UTF-8",
+        ),
+        Case(
+            "bigram build: an unwritable table",
+            argv=(
+                "bigram",
+                "build",
+                "--tokenizer",
+                "tiny-llama",
+                "--corpus",
+                str(tmp / "corpus.txt"),
+                "--out",
+                str(tmp / "a-file" / "t.json"),
+            ),
+            field="cannot write",
+        ),
+    ]
+
+
 def all_cases(tmp: Path) -> list[Case]:
     return (
         schema_cases()
@@ -326,6 +409,7 @@ def all_cases(tmp: Path) -> list[Case]:
         + file_cases()
         + data_file_cases(tmp)
         + command_cases(tmp)
+        + hostile_cases(tmp)
     )
 
 
