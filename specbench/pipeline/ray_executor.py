@@ -41,6 +41,7 @@ from specbench.errors import SpecbenchError
 from specbench.pipeline.datasets import DatasetRun
 from specbench.pipeline.environment import now, write_environment
 from specbench.pipeline.measure import Measurer, drafter_names
+from specbench.pipeline.ray_watchdog import guard
 from specbench.pipeline.results import ENVIRONMENT, write_atomic
 from specbench.recipe import Cell
 from specbench.tasks import Example
@@ -156,6 +157,8 @@ class RayExecutor:
         ours = not ray.is_initialized()
         if ours:
             self._connect(ray)
+            if not self.address:  # a cluster of our own: it must not outlive a killed driver
+                guard()
         try:
             return self._sweep(ray, runner, order)
         finally:
