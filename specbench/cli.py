@@ -258,6 +258,12 @@ def compare(
         ..., help="Two run directories or more (each holding cells.csv); the first is the reference."
     ),
     format: str = typer.Option("table", "--format", "-f", help="table (Rich), csv, markdown or latex."),
+    allow_incomparable: bool = typer.Option(
+        False,
+        "--allow-incomparable",
+        help="Show cells that are another experiment in a later run (other models, generation settings, "
+        "method parameters or examples) marked ≠ instead of refusing them.",
+    ),
 ):
     """The same cells of several runs side by side, one table per dataset.
 
@@ -265,11 +271,14 @@ def compare(
     SWI MS (each with its 95% bootstrap interval where cells.csv has one; older files show the value
     alone), acceptance length; and for each run after the first, its tokens/s over the first run's on
     the same cell (> 1: faster). A cell missing from a run, or a value it did not measure (replayed
-    cells have no time), shows "—". Example: specbench compare results/quickstart results/quickstart-mine
+    cells have no time), shows "—". The runs may differ in machine, dtype, engine and threads (each
+    run's is named above its table); a cell whose models, generation settings, method parameters or
+    examples differ is refused unless --allow-incomparable. Example:
+    specbench compare results/quickstart results/quickstart-mine
     """
     from specbench.pipeline.compare import render_compare
 
-    text = render_compare(runs, format)
+    text = render_compare(runs, format, allow_incomparable=allow_incomparable)
     if text is not None:
         sys.stdout.write(text + ("" if text.endswith("\n") else "\n"))
 

@@ -7,6 +7,7 @@ from io import StringIO
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from typer.testing import CliRunner
 
 from specbench.cli import app
@@ -136,3 +137,67 @@ def test_compare_errors_are_one_line_exit_2(tmp_path: Path):
     assert "cells.csv" in _one_line_error([str(a), str(tmp_path / "empty")])
     assert "holds 3 run directories (a, b, other)" in _one_line_error([str(a), str(tmp_path)])
     assert "unknown format" in _one_line_error([str(a), str(b), "-f", "html"])
+
+
+# -- runs of real recipes: the same experiment, or not ------------------------------------------------
+
+RECIPE = """\
+name: experiment
+seed: 0
+warmup: 0
+generation: {max_new_tokens: 8, temperature: 0.0}
+models:
+  target: {source: tiny-llama, dtype: float64, options: {seed: 1, init_std: 0.3}}
+  lookup: {source: prompt-lookup}
+datasets:
+  - {task: arithmetic, limit: 3}
+methods:
+  - {name: ar, method: autoregressive, target: target}
+  - {name: sd, method: speculative, target: target, drafter: lookup, params: {k: 2}}
+"""
+
+
+def _measured(tmp_path: Path, name: str, text: str = RECIPE) -> Path:
+    from specbench.pipeline.runner import Runner
+    from specbench.recipe import load_recipe
+
+    recipe = tmp_path / f"{name}.yaml"
+    recipe.write_text(text)
+    out = tmp_path / name
+    Runner(load_recipe(recipe), out).run()
+    return out
+
+
+def test_runs_of_one_experiment_in_other_dtypes_compare_and_say_so(tmp_path: Path):
+    """Machine, dtype and engine may differ: comparing them is what compare is for."""
+    a = _measured(tmp_path, "a")
+    b = _measured(tmp_path, "b", RECIPE.replace("float64", "float32"))
+    result = runner.invoke(app, ["compare", str(a), str(b), "-f", "csv"])
+    assert result.exit_code == 0, result.output
+    frame = pd.read_csv(StringIO(result.output.split("\n\n")[0]), dtype=str).set_index("method")
+    assert "≠" not in result.output and frame.loc["sd", "b acc. len"] == frame.loc["sd", "a acc. len"]
+
+
+@pytest.mark.parametrize(
+    "change, aspect",
+    [
+        (("max_new_tokens: 8", "max_new_tokens: 6"), "generation settings"),
+        (("limit: 3", "limit: 2"), "examples"),
+        (("params: {k: 2}", "params: {k: 2, lenience: 2.0}"), "method and parameters"),
+        (("init_std: 0.3", "init_std: 0.2"), "models"),  # the same source, built with other options
+    ],
+)
+def test_a_cell_that_is_another_experiment_is_refused_unless_allowed(tmp_path: Path, change, aspect):
+    a = _measured(tmp_path, "a")
+    b = _measured(tmp_path, "b", RECIPE.replace(*change))
+    refused = runner.invoke(app, ["compare", str(a), str(b)])
+    assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1, refused.output
+    assert f"is another experiment than in a: its {aspect} differ" in refused.output
+    assert "--allow-incomparable" in refused.output
+    shown = runner.invoke(app, ["compare", str(a), str(b), "--allow-incomparable"])
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.output.split())
+    assert f"≠ sd on arithmetic/test in b is another experiment: its {aspect} differ" in text
+    marked = runner.invoke(app, ["compare", str(a), str(b), "--allow-incomparable", "-f", "csv"]).output
+    frame = pd.read_csv(StringIO(marked), dtype=str).set_index("method")
+    assert frame.loc["sd", "tok/s b/a"].endswith(" ≠")

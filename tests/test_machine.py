@@ -181,7 +181,11 @@ def test_a_model_resolving_to_another_dtype_is_refused(measured: Path, tmp_path:
 def test_report_and_compare_name_the_machine_of_each_run(measured: Path):
     printed = " ".join(runner.invoke(app, ["report", str(measured)]).output.split())
     assert f"run: measured on {this_machine().describe()}; target float64, eager" in printed
-    compared = runner.invoke(app, ["compare", str(measured), str(ROOT / "results/quickstart")])
+    refused = runner.invoke(app, ["compare", str(measured), str(ROOT / "results/quickstart")])
+    assert refused.exit_code == 2 and "is another experiment than in run: its models differ" in refused.output
+    compared = runner.invoke(
+        app, ["compare", str(measured), str(ROOT / "results/quickstart"), "--allow-incomparable"]
+    )
     text = " ".join(compared.output.split())
     assert "quickstart: measured on Intel(R) Xeon(R) Processor (family 6, model 167), AMX" in text
     assert "smollm2 bfloat16 (auto: this CPU has AMX), eager" in text

@@ -6,10 +6,17 @@ Everything comes from the runs' cells.csv, read and formatted as ``specbench rep
 speedup or SWI with its bootstrap interval where the file has one (``<column>_low`` / ``_high``,
 written since the intervals exist), the value alone in older files. A cell that a run lacks, and a
 value a run did not measure (a replayed cell's tokens/s), shows "—".
+
+A matched cell is the same *experiment* in every run only where its method and parameters, its models'
+sources, its generation settings (budget, temperature, top-k/p, seed) and its examples (ids and gold
+answers) agree; the machine, dtype, engine and threads may differ, since comparing those is what
+``compare`` is for. A cell matched by name across different experiments is refused, naming what
+differs, unless ``--allow-incomparable`` shows it marked ``≠``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -20,9 +27,10 @@ from rich.console import Console
 from specbench.errors import SpecbenchError
 from specbench.pipeline.environment import machines_of, read_environment
 from specbench.pipeline.report import display_frame, emit, load_cells, measured_on
-from specbench.pipeline.results import CELLS, RESOLVED_RECIPE
+from specbench.pipeline.results import CELLS, RESOLVED_RECIPE, read_examples
 
 MISSING = "—"
+DIFFERENT = "≠"
 # (column of the report's display frame, its name here)
 SHOWN = (("tok/s", "tok/s"), ("speedup", "speedup"), ("SWI MS", "SWI MS"), ("acc. len", "acc. len"))
 
@@ -53,10 +61,14 @@ def labels(paths: list[Path]) -> list[str]:
     return [name if names.count(name) == 1 else str(p) for name, p in zip(names, paths, strict=True)]
 
 
-def compare_frame(runs: list[tuple[str, pd.DataFrame]]) -> pd.DataFrame:
+def compare_frame(
+    runs: list[tuple[str, pd.DataFrame]], different: set | frozenset = frozenset()
+) -> pd.DataFrame:
     """One row per (dataset, cell) of any run, in the first run's order then the others': dataset,
     method, k, then per run its tok/s, speedup, SWI MS and acc. len, and for every run after the first
-    ``tok/s <run>/<first>``. ``runs``: (label, cells.csv frame as :func:`load_run` gives it)."""
+    ``tok/s <run>/<first>``. ``runs``: (label, cells.csv frame as :func:`load_run` gives it);
+    ``different``: the (run label, dataset, cell) that are not the first run's experiment, whose ratio
+    is marked ``≠``."""
     _check_count(runs)
     shown, rates = [], []
     for _, cells in runs:
@@ -81,9 +93,130 @@ def compare_frame(runs: list[tuple[str, pd.DataFrame]]) -> pd.DataFrame:
             for column, name in SHOWN:
                 row[f"{label} {name}"] = cells[key][column] if key in cells else MISSING
         for (label, _), rate in zip(runs[1:], rates[1:], strict=True):
-            row[f"tok/s {label}/{first_label}"] = _ratio(rate.get(key), rates[0].get(key))
+            ratio = _ratio(rate.get(key), rates[0].get(key))
+            row[f"tok/s {label}/{first_label}"] = (
+                f"{ratio} {DIFFERENT}" if (label, *key) in different else ratio
+            )
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def experiments(path: Path, cells: pd.DataFrame) -> dict[tuple[str, str], dict]:
+    """(dataset, cell) -> what makes the cell's numbers the experiment they are, as far as the run
+    directory records it: method and parameters, the sources of its models, the generation settings
+    with the dataset's own budget, and a digest of its examples' ids and gold answers. Unrecorded
+    parts (a bare cells.csv) are None and agree with anything unrecorded."""
+    recipe = _resolved_recipe(path)
+    sources = _model_sources(recipe, read_environment(path))
+    generation = recipe.get("generation") if isinstance(recipe.get("generation"), dict) else None
+    budgets = _dataset_budgets(recipe)
+    examples: dict[tuple[str, str], list] = {}
+    for row in read_examples(path):
+        examples.setdefault((row.get("dataset"), row.get("cell")), []).append(
+            (str(row.get("example_id")), row.get("gold_sha"))
+        )
+    found = {}
+    for record in cells.to_dict("records"):
+        key = (record["dataset"], record["cell"])
+        settings = None
+        if generation is not None:
+            settings = {**generation, "seed": recipe.get("seed")}
+            if budgets.get(record["dataset"]) is not None:
+                settings["max_new_tokens"] = budgets[record["dataset"]]
+        names = [record.get("target"), *str(record.get("drafter") or "").split("+")]
+        listed = sorted(set(examples.get(key, [])), key=str)
+        found[key] = {
+            "method and parameters": [record.get("method"), _parsed(record.get("params"))],
+            "models": [sources.get(name) if sources else None for name in names if name and name == name],
+            "generation settings": settings,
+            "examples": (
+                hashlib.sha256(json.dumps(listed).encode()).hexdigest()[:12] + f" ({len(listed)})"
+                if listed
+                else None
+            ),
+        }
+    return found
+
+
+def _model_sources(recipe: dict, environment: dict) -> dict[str, object]:
+    """model name -> where its weights come from: the recipe entry's source, revision and options
+    (which build a tiny model or pick a checkpoint), else environment.json's source; the dtype,
+    device and engine are left out (they change the timing, not the experiment)."""
+    found = {
+        name: model.get("source")
+        for name, model in (environment.get("models") or {}).items()
+        if isinstance(model, dict)
+    }
+    for name, model in (recipe.get("models") or {}).items():
+        if isinstance(model, dict):
+            found[name] = {key: model.get(key) for key in ("source", "revision", "options") if model.get(key)}
+    return found
+
+
+def _parsed(params):
+    if isinstance(params, str):
+        try:
+            return json.loads(params)
+        except ValueError:
+            return params
+    return params
+
+
+def _resolved_recipe(path: Path) -> dict:
+    try:
+        recipe = yaml.safe_load((path / RESOLVED_RECIPE).read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    return recipe if isinstance(recipe, dict) else {}
+
+
+def _dataset_budgets(recipe: dict) -> dict[str, int]:
+    """dataset label (task/split) -> the dataset's own max_new_tokens, where it sets one."""
+    budgets = {}
+    for spec in recipe.get("datasets") or []:
+        if not isinstance(spec, dict) or spec.get("max_new_tokens") is None:
+            continue
+        split = spec.get("split")
+        if split is None:
+            try:
+                from specbench.tasks import get_task
+
+                split = get_task(spec.get("task")).default_split
+            except Exception:  # an unknown task: its label cannot match a known one anyway
+                continue
+        budgets[f"{spec.get('task')}/{split}"] = spec["max_new_tokens"]
+    return budgets
+
+
+def incomparable(runs: list[tuple[str, dict]]) -> list[tuple[str, str, str, str, str]]:
+    """(run label, dataset, cell, aspect, "first's vs this run's") for every cell a later run shares
+    with the first but whose experiment differs; ``runs``: (label, :func:`experiments`)."""
+    first_label, first = runs[0]
+    found = []
+    for label, cells in runs[1:]:
+        for key, identity in cells.items():
+            if key not in first:
+                continue
+            for aspect, value in identity.items():
+                theirs = first[key][aspect]
+                if value is not None and theirs is not None and _canonical(value) != _canonical(theirs):
+                    found.append(
+                        (label, *key, aspect, f"{_shown(theirs)} in {first_label}, {_shown(value)} here")
+                    )
+                    break
+    return found
+
+
+def _canonical(value) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _shown(value) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {v}" for k, v in sorted(value.items())) + "}"
+    if isinstance(value, list):
+        return "/".join(_shown(v) for v in value)
+    return str(value)
 
 
 def _setup(path: Path) -> dict:
@@ -122,11 +255,28 @@ def _ratio(value: float | None, reference: float | None) -> str:
     return f"{value / reference:.2f}x"
 
 
-def render_compare(paths: list[Path], fmt: str = "table", console: Console | None = None) -> str | None:
-    """``specbench compare``: the side-by-side table of ``paths`` (one per dataset), in ``fmt``."""
+def render_compare(
+    paths: list[Path], fmt: str = "table", console: Console | None = None, allow_incomparable: bool = False
+) -> str | None:
+    """``specbench compare``: the side-by-side table of ``paths`` (one per dataset), in ``fmt``. A cell
+    that is another experiment in a later run than in the first is refused, or with
+    ``allow_incomparable`` shown marked ``≠`` and named under the table."""
     _check_count(paths)  # before reading any of them
     runs = [(label, load_run(path)) for label, path in zip(labels(paths), paths, strict=True)]
-    frame = compare_frame(runs)
+    differences = incomparable(
+        [(label, experiments(Path(path), cells)) for (label, cells), path in zip(runs, paths, strict=True)]
+    )
+    if differences and not allow_incomparable:
+        label, dataset, cell, aspect, detail = differences[0]
+        more = f" (and {len(differences) - 1} more cells)" if len(differences) > 1 else ""
+        raise SpecbenchError(
+            label,
+            f"cell {cell} on {dataset} is another experiment than in {runs[0][0]}: its {aspect} differ "
+            f"({detail}){more}",
+            "compare runs of the same recipe and data, or pass --allow-incomparable to show such cells "
+            f"marked {DIFFERENT}",
+        )
+    frame = compare_frame(runs, {(label, dataset, cell) for label, dataset, cell, *_ in differences})
     tables = [
         (dataset, group.drop(columns=["dataset"])) for dataset, group in frame.groupby("dataset", sort=False)
     ]
@@ -141,6 +291,10 @@ def render_compare(paths: list[Path], fmt: str = "table", console: Console | Non
             f"The runs differ in {', '.join(differ)}: tok/s X/first compares those too, not only the "
             "methods; each speedup is over its own run's AR cell."
         )
+    machines += [
+        f"{DIFFERENT} {cell} on {dataset} in {label} is another experiment: its {aspect} differ ({detail})."
+        for label, dataset, cell, aspect, detail in differences
+    ]
     note = (
         f"Cells matched on dataset and cell id. speedup: tokens/s over the AR cell of the same run; "
         f"[low, high]: its 95% bootstrap interval where the run's {CELLS} has one. tok/s X/{first}: run "
