@@ -42,7 +42,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from specbench.errors import SpecbenchError
+from specbench.errors import SpecbenchError, expand_home
 from specbench.methods import METHODS, Method, ParamSpec
 from specbench.models.costs import cost_tables
 
@@ -162,7 +162,10 @@ class DatasetSpec(_Strict):
         if value is None:
             return None
         recipe_dir = (info.context or {}).get("recipe_dir", Path("."))
-        path = value.expanduser()
+        try:
+            path = expand_home(value, "data_files")
+        except SpecbenchError as error:
+            raise _invalid(error.problem, error.fix) from None
         path = path if path.is_absolute() else recipe_dir / path
         if not path.is_file() or not os.access(path, os.R_OK):
             raise _invalid(

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.errors import SpecbenchError
+from specbench.errors import SpecbenchError, expand_home
 from specbench.models import cache
 
 HEAD_FILE = "head.safetensors"
@@ -109,7 +109,7 @@ def resolve(value: str) -> Path:
         if len(parts) == 2:
             folder = folder / "default"
     else:
-        folder = Path(value).expanduser()
+        folder = expand_home(value, f"head {value}")
     if not (folder / HEAD_FILE).is_file():
         raise SpecbenchError(
             f"head {value}",

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.errors import SpecbenchError
+from specbench.errors import SpecbenchError, expand_home
 
 EXIT_HEAD_FILE = "exit_head.safetensors"
 
@@ -90,7 +90,7 @@ def early_exit_model(target: nn.Module, layers: int, exit_head: ExitHead | None 
 def load_exit_head(path: str | Path, hidden_size: int, like: torch.Tensor) -> ExitHead:
     from safetensors.torch import load_file
 
-    file = Path(path).expanduser()
+    file = expand_home(path, "early-exit.options.exit_head")
     file = file / EXIT_HEAD_FILE if file.is_dir() else file
     if not file.is_file():
         raise SpecbenchError(

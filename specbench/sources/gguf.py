@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specbench.errors import SpecbenchError
+from specbench.errors import SpecbenchError, expand_home
 from specbench.models.options import LOADER_OPTIONS
 from specbench.sources import LoadContext, Source, Weights
 from specbench.sources import checkpoints as ckpt
 
 
 def _file(source: str, where: str) -> Path:
-    path = Path(source).expanduser()
+    path = expand_home(source, where)
     if not path.is_file():
         raise SpecbenchError(
             where, f"GGUF file {source} not found", "give the path of an existing .gguf file"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specbench.errors import expand_home
 from specbench.models.options import LOADER_OPTIONS
 from specbench.sources import LoadContext, Source, Weights
 from specbench.sources import checkpoints as ckpt
@@ -11,8 +12,8 @@ from specbench.sources import checkpoints as ckpt
 
 def _load(context: LoadContext) -> Weights:
     request = context.request
-    path = Path(request.source).expanduser()
     where = f"{context.where}.source"
+    path = expand_home(request.source, where)
     with ckpt.unreadable(where, request.source, "a directory with config.json, weights and a tokenizer"):
         model, tokenizer = ckpt.from_pretrained(str(path), context.dtype, ckpt.loader_options(request.opts))
     return Weights(model, tokenizer, f"local:{path}")
@@ -20,14 +21,23 @@ def _load(context: LoadContext) -> Weights:
 
 def _facts(name, models, dtype):
     source = models[name].source
-    config = Path(source).expanduser() / "config.json"
+    config = expand_home(source, f"models.{name}.source") / "config.json"
     return ckpt.config_facts(name, source, "local directory", dtype, config, f"models.{name}.source")
+
+
+def _is_dir(source: str) -> bool:
+    """A local directory; a path under a home that cannot be expanded is one too, so that loading it
+    names the problem rather than the hub failing to find it."""
+    try:
+        return Path(source).expanduser().is_dir()
+    except RuntimeError:
+        return True
 
 
 SOURCE = Source(
     "local",
     "a local model directory",
-    matches=lambda source: Path(source).expanduser().is_dir(),
+    matches=_is_dir,
     load=_load,
     facts=_facts,
     options=LOADER_OPTIONS,

@@ -10,7 +10,7 @@ import os
 import re
 from pathlib import Path
 
-from specbench.errors import SpecbenchError
+from specbench.errors import SpecbenchError, expand_home
 from specbench.models import cache
 from specbench.models.cache import DISTILLED_PREFIX
 from specbench.sources import LoadContext, ModelRequest, Source
@@ -59,7 +59,7 @@ def bigram_path(request: ModelRequest, value) -> Path:
             f"{value} names ${unset[0]}, which is not set",
             f"set {unset[0]} (e.g. export {unset[0]}=/path/to/data), or give the table's path",
         )
-    path = Path(os.path.expandvars(str(value))).expanduser()
+    path = expand_home(os.path.expandvars(str(value)), f"models.{request.name}.options.bigram")
     if str(value).startswith(DISTILLED_PREFIX):
         path = cache.distilled_dir(str(value).removeprefix(DISTILLED_PREFIX)) / BIGRAM_FILE
     if not path.is_file():

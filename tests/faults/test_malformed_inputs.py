@@ -361,6 +361,16 @@ def hostile_cases(tmp: Path) -> list[Case]:
         ),
         Case("YAML nested 3,000 deep", raw=b"x: " + b"[" * 3000 + b"]" * 3000 + b"\n"),
         Case(
+            "a data file under ~nosuchuser",
+            _with(("datasets",), 0, {"task": "arithmetic", "data_files": "~nosuchuser/x.jsonl"}),
+            field="data_files",
+        ),
+        Case(
+            "a model folder under ~nosuchuser",
+            _with(("models",), "target", {"source": "~nosuchuser/model"}),
+            field="models.target.source",
+        ),
+        Case(
             "run: -o ''",
             argv=("run", str(ROOT / "recipes/quickstart-tiny.yaml"), "-o", ""),
             field="--output-dir",

@@ -272,3 +272,33 @@ def test_an_unreachable_ray_address_fails_in_seconds():
         _check_reachable("127.0.0.1:1")
     assert time.perf_counter() - started < 10
     _check_reachable("auto")  # Ray finds (or refuses) the local cluster itself, quickly
+
+
+@pytest.mark.parametrize(
+    "edit, pattern",
+    [
+        (
+            ("{task: arithmetic, limit: 2}", "{task: arithmetic, limit: 2, data_files: ~nosuchuser/x.jsonl}"),
+            "datasets[0].data_files: cannot expand ~nosuchuser in ~nosuchuser/x.jsonl: there is no user",
+        ),
+        (
+            ("{source: tiny-llama, dtype: float64}", "{source: ~nosuchuser/model}"),
+            "models.target.source: cannot expand ~nosuchuser",
+        ),
+        (
+            ("{source: prompt-lookup}", "{source: maxgram, options: {bigram: ~nosuchuser/bigram.json}}"),
+            "models.lookup.options.bigram: cannot expand ~nosuchuser",
+        ),
+    ],
+    ids=["data-file", "model-folder", "bigram-table"],
+)
+def test_a_home_that_cannot_be_expanded_is_one_line(tmp_path: Path, edit, pattern: str):
+    _refused(tmp_path, RECIPE.replace(*edit), pattern)
+
+
+def test_a_path_under_an_unset_home_is_one_line(monkeypatch):
+    from specbench.errors import expand_home
+
+    monkeypatch.setattr(Path, "expanduser", lambda self: (_ for _ in ()).throw(RuntimeError("no home")))
+    with pytest.raises(SpecbenchError, match=r"^field: cannot expand ~ in ~/x: HOME is not set — fix"):
+        expand_home("~/x", "field")
