@@ -77,6 +77,13 @@ def run(
         "rows beside the first machine's, keyed and reported apart (refused without it: walltimes of two "
         "machines never share a cell).",
     ),
+    extend: bool = typer.Option(
+        False,
+        "--extend",
+        help="With --resume into a directory another recipe started: add this recipe's cells to the run "
+        "(allowed only where this recipe still produces every recorded row, i.e. the same experiment by "
+        "key; the directory then belongs to this recipe). Refused without it.",
+    ),
     repeats: int = typer.Option(
         None,
         "--repeats",
@@ -145,6 +152,7 @@ def run(
         console=err,
         executor=workers,
         allow_other_machine=allow_other_machine,
+        extend=extend,
     ).run()
     err.print(f"results written to {out} — see them with: specbench report {out}")
 

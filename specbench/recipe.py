@@ -271,6 +271,20 @@ class Recipe(_Strict):
                 )
         return cells
 
+    def identity(self) -> str:
+        """A digest of the experiment this recipe defines, which a run directory records: the fields
+        as written (defaults left out, so a field added to the schema later changes no digest), less
+        its name, description, threads and schedule (they change no row), with data files by name
+        (a checkout elsewhere names them by another path; their content is in the rows' keys)."""
+        data = self.model_dump(
+            mode="json", exclude_defaults=True, exclude={"name", "description", "threads", "schedule"}
+        )
+        for dataset in data.get("datasets", []):
+            if dataset.get("data_files"):
+                dataset["data_files"] = Path(dataset["data_files"]).name
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
     def resolved(self) -> dict:
         """Every default filled in, as plain data; loading it again gives the same cells."""
         data = self.model_dump(mode="json")

@@ -305,23 +305,33 @@ def test_threads_are_set_recorded_and_part_of_the_machine(tmp_path: Path, measur
 def test_a_resume_with_a_recipe_that_drops_recorded_rows_is_refused_and_loses_nothing(
     measured: Path, tmp_path: Path
 ):
-    """cells.csv is the recipe's cells: another recipe (here sd with another k, or another seed)
-    would drop recorded rows from it, so the resume stops before touching a file; a recipe that adds
-    cells resumes."""
+    """A run directory belongs to its recipe: another one (here sd with another k, another seed, or
+    one more cell) is refused before a file is touched; --extend adds another recipe's cells only
+    where it still produces every recorded row, since cells.csv is the recipe's cells."""
     files = {
         name: (measured / name).read_bytes()
-        for name in ("examples.jsonl", "cells.csv", "resolved_recipe.yaml")
+        for name in ("examples.jsonl", "cells.csv", "resolved_recipe.yaml", "environment.json")
     }
     other_k = RECIPE.replace("params: {k: 2}", "params: {k: 3}")
+    more = RECIPE + "  - {name: sd4, method: speculative, target: target, drafter: lookup, params: {k: 4}}\n"
+    for text in (other_k, RECIPE.replace("seed: 0", "seed: 1"), more):
+        with pytest.raises(SpecbenchError, match=r"belongs to another recipe than .* pass --extend"):
+            Runner(_recipe(tmp_path, text), measured, resume=True).run()
+        assert {name: (measured / name).read_bytes() for name in files} == files
     for text in (other_k, RECIPE.replace("seed: 0", "seed: 1")):
         with pytest.raises(
             SpecbenchError, match=r"holds \d+ row\(s\) that .* does not produce \(arithmetic/test "
         ):
-            Runner(_recipe(tmp_path, text), measured, resume=True).run()
+            Runner(_recipe(tmp_path, text), measured, resume=True, extend=True).run()
         assert {name: (measured / name).read_bytes() for name in files} == files
-    more = RECIPE + "  - {name: sd4, method: speculative, target: target, drafter: lookup, params: {k: 4}}\n"
-    Runner(_recipe(tmp_path, more), measured, resume=True).run()
+    # a new name, description or thread count is the same experiment
+    renamed = RECIPE.replace("name: machines", "name: renamed\ndescription: the same cells")
+    Runner(_recipe(tmp_path, renamed), measured, resume=True).run()
+    Runner(_recipe(tmp_path, more), measured, resume=True, extend=True).run()
     assert set(load_cells(measured)["cell"]) == {"ar", "sd", "sd4"}
+    Runner(_recipe(tmp_path, more), measured, resume=True).run()  # the directory is more's now
+    result = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "250"})
+    assert "--extend" in result.output
 
 
 def test_a_row_edited_by_hand_is_named_and_a_resume_measures_it_again(measured: Path, tmp_path: Path):

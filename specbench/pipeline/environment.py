@@ -35,7 +35,11 @@ def write_environment(
     ended: bool,
     gpu: list | None = None,
     load: dict | None = None,
+    recipe_identity: str | None = None,
 ) -> None:
+    """Write DIR/environment.json: versions, the machine of the first rows, the models, and this
+    session appended to the earlier ones. ``recipe_identity``: the digest of the recipe the directory
+    now belongs to (None: keep the recorded one, as a tune's partial rounds do)."""
     path = Path(directory) / ENVIRONMENT
     try:
         earlier = json.loads(path.read_text()) if path.exists() else {}
@@ -56,6 +60,8 @@ def write_environment(
         "cpu_count": os.cpu_count(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "recipe": str(recipe.path),
+        # the experiment the directory belongs to (Recipe.identity): a resume with another is refused
+        "recipe_identity": recipe_identity or earlier.get("recipe_identity"),
         "seed": recipe.seed,
         # the machine of the directory's first rows (machine.py); sessions name their own
         "machine": {"id": home.id, "described": home.describe(), **home.to_json()},

@@ -57,6 +57,7 @@ class Runner(Measurer):
         schedule: str | None = None,  # overrides the recipe's (tuning runs measure by cell)
         executor=None,  # measures the rows elsewhere (RayExecutor); None: in this process
         allow_other_machine: bool = False,  # measure here beside another machine's rows, kept apart
+        extend: bool = False,  # resume with another recipe that produces every recorded row
     ):
         super().__init__(recipe, console)
         self.output_dir = Path(output_dir)
@@ -79,6 +80,7 @@ class Runner(Measurer):
         self.schedule = schedule or recipe.schedule
         self.executor = executor
         self.allow_other_machine = allow_other_machine
+        self.extend = extend
 
     def recorded(self, key: str) -> dict | None:
         return self.log.by_key.get(key)
@@ -125,6 +127,7 @@ class Runner(Measurer):
         environment = read_environment(self.output_dir)
         self._check_same_setup(environment)
         if self._whole_recipe:
+            self._check_same_recipe(environment)
             self._check_rows_belong(plan, environment)
         done = self.log.done
         self._preflight(plan, done)
@@ -271,6 +274,21 @@ class Runner(Measurer):
                     fix,
                 )
 
+    def _check_same_recipe(self, environment: dict) -> None:
+        """A run directory belongs to the recipe that started it: a resume with another one (a cell,
+        dataset, model or setting added or changed) is refused unless ``extend``, which adds its cells
+        where it still produces every recorded row (checked next)."""
+        recorded = environment.get("recipe_identity")
+        if not self.log.rows or recorded is None or recorded == self.recipe.identity() or self.extend:
+            return
+        raise SpecbenchError(
+            str(self.output_dir),
+            f"belongs to another recipe than {self.recipe.path} (recipe digest {recorded}, this one "
+            f"{self.recipe.identity()}; the run's own is its {RESOLVED_RECIPE})",
+            "resume with that recipe, run this one into a new --output-dir, or pass --extend to add this "
+            "recipe's cells to the run (allowed only where it still produces every recorded row)",
+        )
+
     def _check_rows_belong(self, plan: list[tuple[DatasetRun, list[Cell]]], environment: dict) -> None:
         """cells.csv is this recipe's cells: a resume whose recipe (or data, seed, --limit) no longer
         yields some recorded rows would drop them from it, so it is refused, naming them."""
@@ -344,6 +362,7 @@ class Runner(Measurer):
             ended,
             self.gpu_samples,
             load,
+            self.recipe.identity() if self._whole_recipe else None,
         )
         if self.executor is not None:  # what the workers loaded, and where they ran
             self.executor.amend_environment(self.output_dir, self.started)
