@@ -17,10 +17,10 @@ cache and ``torch.compile`` d forward passes of a few fixed shapes.
   not compiled yet (a longer prompt that outgrows the cache) compiles it on the spot and adds the time
   to ``compile_seconds`` too; the runner then measures that example again (measure.py).
 
-On CPU the graphs are compiled by inductor with weight freezing (weights become constants in
-oneDNN's packed layout), its C++ GEMM templates autotuned per shape and its C++ wrapper; on CUDA with
-``mode="reduce-overhead"`` (CUDA graphs). Each graph is guarded on the addresses of the cache it was
-traced with, so it never runs on another model's cache. The measurements behind these choices are in
+On CPU each pass is compiled ahead of time as one full graph and kept on disk
+(:mod:`specbench.models.graph_store`), so a second process loads its graphs in seconds instead of
+compiling them again; a pass that cannot be stored is compiled by ``torch.compile`` as before. On CUDA
+the passes use ``mode="reduce-overhead"`` (CUDA graphs). The measurements behind these choices are in
 the README's "Engines" section.
 """
 
@@ -35,24 +35,20 @@ from transformers import StaticCache
 
 from specbench.models import cache
 from specbench.models.base import Layer, Pass, pick_hidden
+from specbench.models.graph_store import GraphStore
 from specbench.models.hf import HFModel
 from specbench.models.tree import TokenTree, move_path_entries, tree_attention, tree_positions
 
 ENGINES = ("eager", "compiled")
 
-# inductor on CPU: freezing turns weights into constants that oneDNN prepacks; the autotuned C++
-# GEMM template beats ATen's bf16 GEMV at batch 1; the C++ wrapper calls the kernels without Python
-# (SmolLM2-135M bf16, a 2-core Xeon with AMX: one-token pass 38.7 ms eager on a static cache, 31.5
-# compiled, 24.0 with freezing, 17.1 with freezing + autotune, 16.1 with the C++ wrapper too)
-CPU_OPTIONS = {
-    "freezing": True,
-    "cpp_wrapper": True,
-    "max_autotune": True,
-    "max_autotune_gemm_backends": "CPP,ATEN",
-    "autotune_num_choices_displayed": 0,  # autotuning prints its tables otherwise
-    "max_autotune_report_choices_stats": False,
-}
-# quick compilation for tests: the same graphs over the same caches, ATen's GEMMs, no autotuning
+# inductor on CPU: the C++ wrapper calls the kernels without Python. Freezing (weights as constants,
+# prepacked by oneDNN, with autotuned C++ GEMM templates) was faster on a 2-core Xeon with AMX (bf16
+# one-token pass 16.1 ms against 24.0 without the templates), but frozen graphs cannot be stored: a
+# second process compiled for 200 s. On a 2-core EPYC with AVX512-BF16 (no AMX), SmolLM2-135M bf16:
+# frozen + prepacked 20.3 ms a pass, compiled in 226 s every process; these options 18.8 ms, compiled
+# in 210 s once and loaded in 2.3 s by the next process (README, "Engines").
+CPU_OPTIONS = {"freezing": False, "cpp_wrapper": True}
+# quick compilation for tests: the same graphs over the same caches, Python wrapper, no autotuning
 QUICK_OPTIONS = {"freezing": False, "max_autotune": False}
 CAPACITY_STEP = 256
 # inductor's counters of its FX graph cache, and of shapes it autotuned (not found in its cache)
@@ -104,9 +100,18 @@ class CompiledHFModel(HFModel):
         self._tree_inputs: dict[tuple, tuple[torch.Tensor, ...]] = {}  # (bucket, capacity) -> buffers
         self.capacity = 0
         self.compile_seconds = 0.0
-        self.compile_cache = Counter()  # graphs found in inductor's cache ("hit"), built ("miss"), or
-        # not cacheable ("bypass": frozen, prepacked weights), and shapes autotuned ("autotuned")
+        self.compile_cache = Counter()  # graphs loaded from the store or inductor's cache ("hit"),
+        # compiled ("miss"), or not storable ("bypass"), and shapes autotuned ("autotuned")
         self.compile_cache_dir = use_compile_cache()
+        # CPU: passes compiled ahead of time and kept on disk; (kind, bucket, capacity, hidden) -> the
+        # stored graph, or None where it could not be stored (self._step compiles it then)
+        self._store = (
+            None
+            if self.device.type == "cuda"
+            else GraphStore(self.model, self._cache_argument, self.compile_cache_dir, self._options)
+        )
+        self._graphs: dict[tuple, object] = {}
+        self._recording: dict | None = None
         self._compiled: set[tuple] = set()  # (bucket, capacity, with hidden states) already compiled
         self._held = 0  # where the cache's pointer stands (kept here so reading it costs no sync)
         self._inputs: dict[int, torch.Tensor] = {}
@@ -141,15 +146,30 @@ class CompiledHFModel(HFModel):
         self.capacity = needed
         self._cache = self._new_cache(self.capacity)
         self._held = self._cached = 0
-        # allocate the cache outside any graph (its pointers move to the device there), then guard its
-        # tensors: transformers marks them static but unguarded, and dynamo then reused a graph traced
-        # with one cache for another, whose writes went to the first cache's tensors
-        self._eager(torch.zeros(1, dtype=torch.long, device=self.device), 1, False)
+        # allocate the cache outside any graph (its pointers move to the device there), asking for
+        # hidden states so that transformers installs its output-capturing hooks now (under a lock
+        # dynamo cannot trace) rather than inside a graph; then, for torch.compile's graphs, guard the
+        # cache's tensors: transformers marks them static but unguarded, and dynamo then reused a graph
+        # traced with one cache for another, whose writes went to the first cache's tensors
+        self._eager(torch.zeros(1, dtype=torch.long, device=self.device), 1, True)
         self._pointers = [layer.cumulative_length for layer in self._cache.layers]
         self._point(0)
+        if self._store is None:  # stored graphs take the cache as inputs, and are called with ours alone
+            self._guard_cache()
+
+    def _guard_cache(self) -> None:
         for layer in self._cache.layers:
             for tensor in (layer.keys, layer.values, layer.cumulative_length):
                 torch._dynamo.mark_static_address(tensor, guard=True)
+
+    def _leave_store(self) -> list[tuple]:
+        """A pass that cannot be compiled whole: compile every pass with ``torch.compile`` from now on.
+        Returns the passes loaded so far, which must be compiled again."""
+        self._store = None
+        self._graphs.clear()
+        loaded, self._compiled = [k for k in self._compiled if self.capacity in k], set()
+        self._guard_cache()
+        return loaded
 
     def _new_cache(self, capacity: int) -> StaticCache:
         return StaticCache(config=self.model.config.get_text_config(decoder=True), max_cache_len=capacity)
@@ -162,13 +182,25 @@ class CompiledHFModel(HFModel):
         self._warm(key, lambda: self._run(self._inputs[bucket], bucket, hidden))
 
     def _warm(self, key: tuple, run) -> None:
-        """Run a graph twice on scratch positions (compiling it; reduce-overhead records its CUDA
-        graph on the second call), outside the counters, and add the time to ``compile_seconds``."""
+        """Load or compile a pass's graph and run it twice on scratch positions (reduce-overhead
+        records its CUDA graph on the second call), outside the counters, and add the time to
+        ``compile_seconds``."""
         from torch._dynamo.utils import counters
 
         before = Counter(counters["inductor"])
         started = time.perf_counter()
+        stored, again = False, []
         with self.counter.kept(), torch._inductor.config.patch(self._options):
+            if self._store is not None:
+                self._graphs[key] = None  # run() records its arguments here instead of running
+                self._point(0)
+                graph, outcome = self._store.graph(key, self._arguments(run))
+                self.compile_cache[outcome] += 1
+                if graph is None:
+                    again = self._leave_store()
+                else:
+                    self._graphs[key] = graph
+                    stored = True
             for _ in range(2):
                 self._point(0)
                 run()
@@ -177,11 +209,19 @@ class CompiledHFModel(HFModel):
                 torch.cuda.synchronize(self.device)
         self.compile_seconds += time.perf_counter() - started
         done = Counter(counters["inductor"]) - before
-        self.compile_cache.update({word: done[name] for name, word in CACHE_COUNTERS.items() if done[name]})
+        if not stored:  # inductor's own caches decided
+            self.compile_cache.update(
+                {word: done[name] for name, word in CACHE_COUNTERS.items() if done[name]}
+            )
         if done["select_algorithm_autotune"]:
             self.compile_cache["autotuned"] += done["select_algorithm_autotune"]
         self._compiled.add(key)
         self._cached = 0  # the scratch passes overwrote the cache: the next pass recomputes the prefix
+        for bucket_key in again:  # compiled anew now, not at their first timed pass
+            if bucket_key[0] == "tree":
+                self._compile_tree(bucket_key[1], bucket_key[3])
+            else:
+                self._compile(bucket_key[0], bucket_key[2])
 
     # -- the LanguageModel interface ------------------------------------------------------------
 
@@ -316,28 +356,40 @@ class CompiledHFModel(HFModel):
     # -- passes -------------------------------------------------------------------------------
 
     def _run(self, ids: torch.Tensor, bucket: int, hidden: bool):
-        output = self._step(
-            input_ids=ids,
-            **{self._cache_argument: self._cache},
-            use_cache=True,
-            logits_to_keep=bucket,
-            output_hidden_states=hidden,
-        )
-        self._held += bucket
-        return output
+        arguments = {"input_ids": ids, "logits_to_keep": bucket, "output_hidden_states": hidden}
+        return self._pass((bucket, self.capacity, hidden), arguments)
 
     def _run_tree(self, ids, mask, positions, hidden: bool):
-        output = self._step(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            **{self._cache_argument: self._cache},
-            use_cache=True,
-            logits_to_keep=ids.shape[1],
-            output_hidden_states=hidden,
-        )
-        self._held += ids.shape[1]
+        arguments = {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": positions,
+            "logits_to_keep": ids.shape[1],
+            "output_hidden_states": hidden,
+        }
+        return self._pass(("tree", ids.shape[1], self.capacity, hidden), arguments)
+
+    def _pass(self, key: tuple, arguments: dict):
+        """Run the pass ``key`` on the cache: its stored graph, else ``torch.compile``'s."""
+        graph = self._graphs.get(key)
+        if graph is not None:
+            output = graph(cache=self._cache, **arguments)
+        elif key in self._graphs and self._recording is not None:  # _arguments() asked: record only
+            self._recording.update(cache=self._cache, **arguments)
+            return None
+        else:
+            output = self._step(**arguments, **{self._cache_argument: self._cache}, use_cache=True)
+        self._held += arguments["input_ids"].shape[1]
         return output
+
+    def _arguments(self, run) -> dict:
+        """The arguments ``run`` calls its pass with, recorded instead of running it."""
+        self._recording = {}
+        try:
+            run()
+            return self._recording
+        finally:
+            self._recording = None
 
     def _tree_eager(self, ids, mask, positions, hidden: bool, keep_logits: int):
         output = self.model(
