@@ -14,7 +14,24 @@ from specbench.models.compiled import ENGINES, CompiledHFModel
 from specbench.models.hf import HFModel
 from specbench.models.tiny import build_tiny
 
-__all__ = ["ENGINES", "engine_model"]
+__all__ = ["ENGINES", "TWO_CELL_RECIPE", "engine_model"]
+
+# a tiny float64 target with AR and prompt-lookup SD on three arithmetic questions: a real run in seconds
+TWO_CELL_RECIPE = """\
+name: two-cells
+seed: 0
+warmup: 0
+generation: {max_new_tokens: 8, temperature: 0.0}
+models:
+  target: {source: tiny-llama, dtype: float64, options: {seed: 1, init_std: 0.3}}
+  lookup: {source: prompt-lookup}
+datasets:
+  - {task: arithmetic, limit: 3}
+methods:
+  - {name: ar, method: autoregressive, target: target}
+  - {name: sd, method: speculative, target: target, drafter: lookup, params: {k: 2}}
+"""
+
 
 # the draft lengths tests use: a compiled test model compiles a pass of each + 1 tokens
 TEST_DRAFT_LENGTHS = (2, 4, 8)  # buckets 1, 3, 5, 9: the others pad

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import TWO_CELL_RECIPE
 from typer.testing import CliRunner
 
 from specbench.cli import app
@@ -141,20 +142,7 @@ def test_compare_errors_are_one_line_exit_2(tmp_path: Path):
 
 # -- runs of real recipes: the same experiment, or not ------------------------------------------------
 
-RECIPE = """\
-name: experiment
-seed: 0
-warmup: 0
-generation: {max_new_tokens: 8, temperature: 0.0}
-models:
-  target: {source: tiny-llama, dtype: float64, options: {seed: 1, init_std: 0.3}}
-  lookup: {source: prompt-lookup}
-datasets:
-  - {task: arithmetic, limit: 3}
-methods:
-  - {name: ar, method: autoregressive, target: target}
-  - {name: sd, method: speculative, target: target, drafter: lookup, params: {k: 2}}
-"""
+RECIPE = TWO_CELL_RECIPE.replace("name: two-cells", "name: experiment")
 
 
 def _measured(tmp_path: Path, name: str, text: str = RECIPE) -> Path:

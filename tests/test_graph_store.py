@@ -76,6 +76,13 @@ def test_a_pass_that_cannot_be_stored_falls_back_before_the_clock(store_folder, 
     for compiled, reference in zip(_passes(model), _passes(eager), strict=True):
         torch.testing.assert_close(compiled, reference, rtol=1e-5, atol=1e-5)
     assert model.counter.snapshot()["tokens_scored"] == eager.counter.snapshot()["tokens_scored"]
+    # the next process does not pay for the failed attempt again: the refusal is on disk
+    (refusal,) = store_folder.glob("*.bypass")
+    assert refusal.read_text() == "RuntimeError: a graph break\n"
+    monkeypatch.setattr(GraphStore, "_compile", lambda self, kwargs: pytest.fail("compiled again"))
+    again = CompiledHFModel(weights, "b", quick=True)
+    again.prepare(32, (2,))
+    assert again.compile_cache["bypass"] == 1 and again._store is None
 
 
 def test_graph_files_are_named_by_what_the_graph_depends_on(tmp_path):

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import TWO_CELL_RECIPE
 from typer.testing import CliRunner
 
 from specbench.cli import app
@@ -21,20 +22,7 @@ from specbench.recipe import load_recipe
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 
-RECIPE = """\
-name: machines
-seed: 0
-warmup: 0
-generation: {max_new_tokens: 8, temperature: 0.0}
-models:
-  target: {source: tiny-llama, dtype: float64, options: {seed: 1, init_std: 0.3}}
-  lookup: {source: prompt-lookup}
-datasets:
-  - {task: arithmetic, limit: 3}
-methods:
-  - {name: ar, method: autoregressive, target: target}
-  - {name: sd, method: speculative, target: target, drafter: lookup, params: {k: 2}}
-"""
+RECIPE = TWO_CELL_RECIPE.replace("name: two-cells", "name: machines")
 
 OTHER = Machine("Other CPU (family 6, model 1)", ("avx2", "fma"), 2, 2, (), "2.13.0+cpu")
 

@@ -115,6 +115,10 @@ class GraphStore:
         """The compiled pass for ``key`` (any hashable description of its shapes) called with
         ``kwargs``, and how it was found: "hit", "miss" or "bypass" (None: compile it otherwise)."""
         path = self.path(key)
+        refused = path.with_suffix(".bypass")
+        if refused.is_file():  # an earlier process could not store it: do not pay for trying again
+            self.bypassed[key] = refused.read_text().strip()
+            return None, "bypass"
         if path.is_file():
             try:
                 loaded = self._load(path.read_bytes())
@@ -126,12 +130,14 @@ class GraphStore:
         try:
             compiled = self._compile(kwargs)
         except Exception as error:  # a graph break, or a model dynamo cannot take whole
-            self.bypassed[key] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            self.bypassed[key] = _reason(error)
+            _write(refused, (self.bypassed[key] + "\n").encode())
             return None, "bypass"
         try:
             self._save(path, compiled)
         except Exception as error:  # compiled, but not storable: this process still uses it
-            self.bypassed[key] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            self.bypassed[key] = _reason(error)
+            _write(refused, (self.bypassed[key] + "\n").encode())
             return self._bind(compiled), "bypass"
         return self._bind(compiled), "miss"
 
@@ -149,12 +155,7 @@ class GraphStore:
     def _save(self, path: Path, compiled) -> None:
         from torch._dynamo.aot_compile import AOTCompiledFunction
 
-        data = AOTCompiledFunction.serialize(compiled).serialized_data
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".part")
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-        os.replace(temporary, path)
+        _write(path, AOTCompiledFunction.serialize(compiled).serialized_data)
 
     def _load(self, data: bytes) -> Callable:
         from torch._dynamo.aot_compile import AOTCompiledModel
@@ -174,6 +175,20 @@ class GraphStore:
             return Output(logits, hidden)
 
         return run
+
+
+def _write(path: Path, data: bytes) -> None:
+    """Write atomically: a process reading the folder meanwhile sees the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".part")
+    with os.fdopen(handle, "wb") as file:
+        file.write(data)
+    os.replace(temporary, path)
+
+
+def _reason(error: Exception) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
 def _version(package: str) -> str | None:
