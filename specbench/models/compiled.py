@@ -41,12 +41,12 @@ from specbench.models.tree import TokenTree, move_path_entries, tree_attention, 
 
 ENGINES = ("eager", "compiled")
 
-# inductor on CPU: the C++ wrapper calls the kernels without Python. Freezing (weights as constants,
-# prepacked by oneDNN, with autotuned C++ GEMM templates) was faster on a 2-core Xeon with AMX (bf16
-# one-token pass 16.1 ms against 24.0 without the templates), but frozen graphs cannot be stored: a
-# second process compiled for 200 s. On a 2-core EPYC with AVX512-BF16 (no AMX), SmolLM2-135M bf16:
-# frozen + prepacked 20.3 ms a pass, compiled in 226 s every process; these options 18.8 ms, compiled
-# in 210 s once and loaded in 2.3 s by the next process (README, "Engines").
+# inductor on CPU: whole graphs with the C++ wrapper (which calls the kernels without Python), weights
+# as inputs so that the graphs can be stored. Frozen weights (constants, prepacked by oneDNN, with
+# autotuned C++ GEMM templates) cannot be stored, and were slower on a 2-core EPYC with AVX512-BF16,
+# SmolLM2-135M bf16 (results/compile/): one-token pass 18.80 ms stored, 20.58 ms frozen and prepacked;
+# a second process 2.2 s against 164.3 s. On a Xeon with AMX the templates were worth more (16.1 ms
+# against 24.0 without them, earlier configuration); that machine was not available to compare.
 CPU_OPTIONS = {"freezing": False, "cpp_wrapper": True}
 # quick compilation for tests: the same graphs over the same caches, Python wrapper, no autotuning
 QUICK_OPTIONS = {"freezing": False, "max_autotune": False}
