@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specbench.models import graph_store
 from specbench.models.compiled import QUICK_OPTIONS, CompiledHFModel
 from specbench.models.graph_store import GraphStore
 from specbench.models.hf import HFModel
@@ -17,6 +18,11 @@ from specbench.models.tiny import build_tiny
 def store_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_COMPILE_CACHE", str(tmp_path / "compile"))
     return tmp_path / "compile" / "graphs"
+
+
+def _new_process() -> None:
+    """Forget the graphs this process holds, as a new process would not have them."""
+    graph_store._IN_PROCESS.clear()
 
 
 def _weights(seed: int, **options):
@@ -38,9 +44,12 @@ def test_a_second_model_loads_the_stored_passes_and_runs_its_own_weights(store_f
     first.prepare(32, (2,))
     assert first.compile_cache == {"miss": 2} and len(list(store_folder.glob("*.graph"))) == 2
     other = _weights(2)  # same architecture, other weights: the weights are inputs of the graphs
-    second = CompiledHFModel(other, "b", quick=True)
-    second.prepare(32, (2,))
-    assert second.compile_cache == {"hit": 2}
+    for reads_the_files in (False, True):  # held by this process, then read back as a new one would
+        if reads_the_files:
+            _new_process()
+        second = CompiledHFModel(other, "b", quick=True)
+        second.prepare(32, (2,))
+        assert second.compile_cache == {"hit": 2}
     for compiled, eager in zip(_passes(second), _passes(HFModel(other, "e")), strict=True):
         torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
 
@@ -49,6 +58,7 @@ def test_a_graph_file_that_cannot_be_read_is_compiled_again(store_folder):
     CompiledHFModel(_weights(1), "a", quick=True).prepare(32, (2,))
     for file in store_folder.glob("*.graph"):
         file.write_bytes(b"torn")
+    _new_process()
     again = CompiledHFModel(_weights(1), "a", quick=True)
     again.prepare(32, (2,))
     assert again.compile_cache == {"miss": 2}
@@ -80,6 +90,7 @@ def test_a_pass_that_cannot_be_stored_falls_back_before_the_clock(store_folder, 
     (refusal,) = store_folder.glob("*.bypass")
     assert refusal.read_text() == "RuntimeError: a graph break\n"
     monkeypatch.setattr(GraphStore, "_compile", lambda self, kwargs: pytest.fail("compiled again"))
+    _new_process()
     again = CompiledHFModel(weights, "b", quick=True)
     again.prepare(32, (2,))
     assert again.compile_cache["bypass"] == 1 and again._store is None

@@ -81,6 +81,11 @@ def _serializable(entries) -> list[bool]:
     ]
 
 
+# graphs this process has loaded or compiled, by file: a model built again (a tune's rounds, a test's
+# hundreds of short-lived models) reuses them without reading the file again
+_IN_PROCESS: dict[Path, object] = {}
+
+
 class GraphStore:
     """The stored graphs of one model: :meth:`graph` gives the compiled pass for a key, loaded ("hit")
     or compiled and saved ("miss"), or None where it cannot be stored ("bypass")."""
@@ -119,10 +124,13 @@ class GraphStore:
         if refused.is_file():  # an earlier process could not store it: do not pay for trying again
             self.bypassed[key] = refused.read_text().strip()
             return None, "bypass"
+        if path in _IN_PROCESS:
+            return self._bind(_IN_PROCESS[path]), "hit"
         if path.is_file():
             try:
                 loaded = self._load(path.read_bytes())
                 if loaded.guard_check(self.step, **kwargs):
+                    _IN_PROCESS[path] = loaded
                     return self._bind(loaded), "hit"
             except Exception:  # a torn file
                 pass
@@ -139,6 +147,7 @@ class GraphStore:
             self.bypassed[key] = _reason(error)
             _write(refused, (self.bypassed[key] + "\n").encode())
             return self._bind(compiled), "bypass"
+        _IN_PROCESS[path] = compiled
         return self._bind(compiled), "miss"
 
     def _compile(self, kwargs: dict):
