@@ -167,7 +167,7 @@ class CompiledHFModel(HFModel):
         Returns the passes loaded so far, which must be compiled again."""
         self._store = None
         self._graphs.clear()
-        loaded, self._compiled = [k for k in self._compiled if self.capacity in k], set()
+        loaded, self._compiled = [k for k in self._compiled if k[-2] == self.capacity], set()
         self._guard_cache()
         return loaded
 

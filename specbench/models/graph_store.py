@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import pickle
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
+import transformers
+
+from specbench.models.cache import write_atomic
 
 # bump when what a graph file holds, or how a pass is called, changes
 FORMAT = 1
@@ -109,7 +110,7 @@ class GraphStore:
             "device": next(model.parameters()).device.type,
             "options": options,
             "torch": torch.__version__,
-            "transformers": _version("transformers"),
+            "transformers": transformers.__version__,
         }
 
     def path(self, key: tuple) -> Path:
@@ -139,13 +140,13 @@ class GraphStore:
             compiled = self._compile(kwargs)
         except Exception as error:  # a graph break, or a model dynamo cannot take whole
             self.bypassed[key] = _reason(error)
-            _write(refused, (self.bypassed[key] + "\n").encode())
+            write_atomic(refused, self.bypassed[key] + "\n")
             return None, "bypass"
         try:
             self._save(path, compiled)
         except Exception as error:  # compiled, but not storable: this process still uses it
             self.bypassed[key] = _reason(error)
-            _write(refused, (self.bypassed[key] + "\n").encode())
+            write_atomic(refused, self.bypassed[key] + "\n")
             return self._bind(compiled), "bypass"
         _IN_PROCESS[path] = compiled
         return self._bind(compiled), "miss"
@@ -164,7 +165,7 @@ class GraphStore:
     def _save(self, path: Path, compiled) -> None:
         from torch._dynamo.aot_compile import AOTCompiledFunction
 
-        _write(path, AOTCompiledFunction.serialize(compiled).serialized_data)
+        write_atomic(path, AOTCompiledFunction.serialize(compiled).serialized_data)
 
     def _load(self, data: bytes) -> Callable:
         from torch._dynamo.aot_compile import AOTCompiledModel
@@ -186,24 +187,6 @@ class GraphStore:
         return run
 
 
-def _write(path: Path, data: bytes) -> None:
-    """Write atomically: a process reading the folder meanwhile sees the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".part")
-    with os.fdopen(handle, "wb") as file:
-        file.write(data)
-    os.replace(temporary, path)
-
-
 def _reason(error: Exception) -> str:
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0] if lines else ''}"
-
-
-def _version(package: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return None

@@ -224,10 +224,7 @@ def _setup(path: Path) -> dict:
     source, dtype and engine, and the generation settings (budget, temperature), where recorded."""
     environment = read_environment(path)
     models = {n: m for n, m in (environment.get("models") or {}).items() if isinstance(m, dict)}
-    try:
-        generation = (yaml.safe_load((path / RESOLVED_RECIPE).read_text()) or {}).get("generation")
-    except (OSError, yaml.YAMLError, AttributeError):
-        generation = None
+    generation = _resolved_recipe(path).get("generation")
     return {
         "machine": sorted(machines_of(environment)),
         "models": sorted((n, str(m.get("source"))) for n, m in models.items()),

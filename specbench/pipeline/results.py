@@ -22,11 +22,11 @@ import fcntl
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from specbench.errors import SpecbenchError
+from specbench.models.cache import write_atomic  # noqa: F401  (the pipeline's writers import it here)
 
 EXAMPLES = "examples.jsonl"
 CELLS = "cells.csv"
@@ -39,16 +39,6 @@ CELLS_SHA = "cells.sha256"  # the checksum of cells.csv as the run wrote it
 # the layout of rows and keys; a directory written in another layout is refused, never mixed.
 # Directories from before the field existed are layout 1.
 RESULTS_FORMAT = 1
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 @dataclass
