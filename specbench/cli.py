@@ -398,6 +398,122 @@ def plan(
 
 @app.command()
 @user_errors
+def probe(
+    recipe: Path = typer.Argument(..., help="Recipe YAML whose neural models are timed (loads weights!)."),
+    out: Path = typer.Option(..., "--out", "-o", help="The profile file to write (JSON)."),
+    sizes: str = typer.Option(
+        "1,2,3,4,5,6,8,12,16,24,32,64,128,256,512",
+        "--sizes",
+        help="Tokens fed per pass to time, comma-separated (1: a decoding step; k + 1: a verification).",
+    ),
+    contexts: str = typer.Option("32,256,1024", "--contexts", help="Cached positions before the pass."),
+    rounds: int = typer.Option(3, "--rounds", min=1, max=20, help="Shuffled rounds over the grid."),
+    roofline: bool = typer.Option(
+        False, "--roofline", help="Also measure this device's memory bandwidth and peak matrix FLOP/s."
+    ),
+    threads: int = typer.Option(
+        None, "--threads", min=1, help="torch's intra-op threads (as run --threads)."
+    ),
+):
+    """Time one forward pass of every model of RECIPE over tokens fed x context: a cost profile.
+
+    Each model loads as `specbench run` would load it (dtype, device, engine); each (tokens, context)
+    point is timed in --rounds shuffled rounds and its median kept; per size, time = alpha + gamma x
+    context is fitted and the profile records it with its fit quality (R², median and worst relative
+    error), the machine, dtype, engine and versions. `specbench predict RUN --profile FILE` then says
+    what a run measured elsewhere would take here. Example:
+    specbench probe recipes/demo.yaml --out profile.json
+    """
+    import torch
+    from rich.progress import Progress
+
+    from specbench import sources
+    from specbench.pipeline import probe as probing
+    from specbench.recipe import load_recipe
+    from specbench.tasks import TASKS
+
+    loaded = load_recipe(recipe, known_tasks=set(TASKS))
+    if threads is not None:
+        loaded.threads = threads
+    grid = [_int_list(sizes, "--sizes"), _int_list(contexts, "--contexts", minimum=0)]
+    neural = sum(1 for spec in loaded.models.values() if sources.source_of(spec.source).neural)
+    with Progress(console=err) as progress:
+        task = progress.add_task("probing", total=neural * rounds * len(grid[0]) * len(grid[1]))
+        profile = probing.probe_recipe(loaded, *grid, rounds=rounds, progress=lambda: progress.advance(task))
+    if roofline:
+        dtype = profile["dtype"].split("+")[0] or "float32"
+        profile["roofline"] = probing.measure_roofline(dtype) | {"threads": torch.get_num_threads()}
+    probing.write_profile(profile, out)
+    for source, entry in profile["models"].items():
+        quality = entry["quality"]
+        err.print(
+            f"{source}: {entry['dtype']} {entry['engine']}, one-token pass "
+            f"{1000 * entry['table']['alpha'][0]:.2f} ms + {1e6 * entry['table']['gamma'][0]:.2f} µs per "
+            f"cached position; fit R² {quality['r2']:.4f}, "
+            f"median error {100 * quality['median_relative_error']:.1f}%"
+        )
+    err.print(f"profile written to {out}")
+
+
+@app.command()
+@user_errors
+def predict(
+    run_dir: Path = typer.Argument(..., help="A run directory (examples.jsonl, environment.json)."),
+    profile: str = typer.Option(
+        None,
+        "--profile",
+        "-p",
+        help="A profile file from `specbench probe`, or a device's roofline: h100, h100-pcie, a100, "
+        "rtx3090. Without it: held-out predictions on the machine that measured the run.",
+    ),
+    against: Path = typer.Option(
+        None, "--against", help="A run of the same recipe measured where the profile was: its speedups."
+    ),
+    dtype: str = typer.Option(None, "--dtype", help="With a roofline: the dtype to cost the models in."),
+    loop: str = typer.Option(
+        "auto",
+        "--loop",
+        help="measured: add each row's measured loop overhead (Python, statistical drafting); none: "
+        "passes only; auto: measured with a probe's profile, none with a roofline.",
+    ),
+    format: str = typer.Option("table", "--format", "-f", help="table (Rich), csv or markdown."),
+):
+    """What RUN's cells would take under another pass cost: walltime, tokens/s, speedup over AR.
+
+    A run's forward counts and pass shapes (tokens fed, context read) do not depend on the hardware;
+    the profile prices each pass. Without --profile, each half of the examples is predicted from a cost
+    fitted to the other half on the machine that measured the run (the check of the cost model that
+    cells.csv's *_predicted columns carry). With --against, the measured speedups of that run sit beside
+    the predicted ones, with the error. Example:
+    specbench predict results/demo/amd-epyc-avx512-bf16 --profile profile.json --against runs/demo
+    """
+    from specbench.pipeline import prediction_view
+
+    if loop not in ("auto", "measured", "none"):
+        raise SpecbenchError("--loop", f"unknown value {loop!r}", "use auto, measured or none")
+    if format not in ("table", "csv", "markdown"):
+        raise SpecbenchError("--format", f"unknown format {format!r}", "use table, csv or markdown")
+    text = prediction_view.render(
+        run_dir, profile, against, dtype, None if loop == "auto" else loop == "measured", format
+    )
+    if text:
+        sys.stdout.write(text + ("" if text.endswith("\n") else "\n"))
+
+
+def _int_list(value: str, flag: str, minimum: int = 1) -> list[int]:
+    try:
+        numbers = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        numbers = []
+    if not numbers or min(numbers) < minimum:
+        raise SpecbenchError(
+            flag, f"{value!r} is not a list of integers >= {minimum}", f"write e.g. {flag} 1,2,4"
+        )
+    return sorted(set(numbers))
+
+
+@app.command()
+@user_errors
 def bench(
     target: str = typer.Option("smollm2-135m-instruct", help="Target model source (alias, path or hub id)."),
     drafter: str = typer.Option(

@@ -51,7 +51,13 @@ class Generation:
             for model, counts in turn.forwards.items():
                 total = forwards.setdefault(model, {})
                 for name, value in counts.items():
-                    total[name] = total.get(name, 0) + value
+                    if name == "shapes":  # tokens fed -> [passes, context sum]: summed per size
+                        merged = total.setdefault(name, {})
+                        for size, (passes, context) in value.items():
+                            before = merged.get(size, [0, 0])
+                            merged[size] = [before[0] + passes, before[1] + context]
+                    else:
+                        total[name] = total.get(name, 0) + value
         inner: dict[str, list[tuple[int, int]]] = {}
         for turn in turns:
             for name, steps in turn.inner_steps.items():
@@ -132,7 +138,7 @@ def commit(verdict, drafts: torch.Tensor, out: torch.Tensor, generated: int) -> 
 def first_difference(replayed: Generation, live: Generation) -> str | None:
     """The first count, step or token in which two generations of one request differ, in words."""
     for model in sorted(live.forwards.keys() | replayed.forwards.keys()):
-        for count in ("forward_passes", "tokens_scored", "encoder_passes"):
+        for count in ("forward_passes", "tokens_scored", "encoder_passes", "shapes"):
             a = replayed.forwards.get(model, {}).get(count)
             b = live.forwards.get(model, {}).get(count)
             if a != b:

@@ -177,14 +177,15 @@ def _counted(model: HFModel, calls: list | None = None, watch: Stopwatch | None 
             fed = 0 if ids is None else ids.shape[-2]
         else:
             fed = ids.shape[-1]
+        cache = kwargs.get("past_key_values", kwargs.get("cache"))  # "cache" from transformers 5.24
+        cached = 0 if cache is None else cache.get_seq_length()
         if calls is not None:
-            cache = kwargs.get("past_key_values", kwargs.get("cache"))  # "cache" from transformers 5.24
-            calls.append((0 if cache is None else cache.get_seq_length(), fed))
-        pending.append((counter.begin(device), fed))
+            calls.append((cached, fed))
+        pending.append((counter.begin(device), fed, cached))
 
     def after(_module, args, kwargs, output):
-        started, fed = pending.pop()
-        counter.end(started, fed, device)
+        started, fed, cached = pending.pop()
+        counter.end(started, fed, device, context=cached)
         if watch is not None and watch.first_token is None:
             if device.type == "cuda":  # once per request: the first token exists when the prefill has run
                 torch.cuda.synchronize(device)
@@ -198,15 +199,15 @@ def _counted(model: HFModel, calls: list | None = None, watch: Stopwatch | None 
         encoder = module.get_encoder()
         encoder_started: list[object] = []
 
-        def encoder_begins(*_):
-            encoder_started.append(counter.begin(device))
+        def encoder_begins(_module, args, kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            encoder_started.append((counter.begin(device), 0 if ids is None else ids.shape[-1]))
 
         def encoder_done(*_):
-            counter.end(encoder_started.pop(), 0, device)
-            counter.forward_passes -= 1  # as HFModel.start: encoder passes are counted apart
-            counter.encoder_passes += 1
+            started, tokens = encoder_started.pop()
+            counter.end_encoder(started, tokens, device)  # as HFModel.start: counted apart
 
-        handles.append(encoder.register_forward_pre_hook(encoder_begins))
+        handles.append(encoder.register_forward_pre_hook(encoder_begins, with_kwargs=True))
         handles.append(encoder.register_forward_hook(encoder_done))
     try:
         yield

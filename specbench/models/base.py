@@ -33,6 +33,11 @@ from specbench.models.sampling import SamplingParams
 class ForwardCounter:
     """Forward passes, tokens scored and wall time spent inside one model.
 
+    It also keeps the passes' shapes, which a pass's cost depends on: for each number of tokens a
+    pass fed, how many passes fed that many and the sum of the context (cached positions) they read
+    (``specbench.pipeline.cost_model`` predicts walltime from them). An encoder pass is kept apart,
+    under the key ``"encoder:<tokens>"``.
+
     On CUDA the time is taken with CUDA events and only read (synchronised) in ``snapshot``,
     so counting never adds a host-device sync to the decoding loop.
     """
@@ -42,16 +47,20 @@ class ForwardCounter:
     encoder_passes: int = 0
     _seconds: float = 0.0
     _events: list = field(default_factory=list)
+    shapes: dict = field(default_factory=dict)  # tokens fed (or "encoder:<tokens>") -> [passes, context sum]
 
     def reset(self) -> None:
         self.forward_passes = self.tokens_scored = self.encoder_passes = 0
         self._seconds = 0.0
         self._events.clear()
+        self.shapes = {}
 
     @contextlib.contextmanager
     def kept(self):
         """Passes run inside leave the counter as it was (measurements that are not the method's)."""
-        saved = dataclasses.replace(self, _events=list(self._events))
+        saved = dataclasses.replace(
+            self, _events=list(self._events), shapes={k: list(v) for k, v in self.shapes.items()}
+        )
         try:
             yield
         finally:
@@ -64,9 +73,27 @@ class ForwardCounter:
             return start
         return time.perf_counter()
 
-    def end(self, started: object, tokens: int, device: torch.device) -> None:
+    def end(self, started: object, tokens: int, device: torch.device, context: int = 0) -> None:
+        """A decoder pass that fed ``tokens`` after ``context`` cached positions has ended."""
         self.forward_passes += 1
         self.tokens_scored += tokens
+        self._shape(tokens, context)
+        self._stop(started, device)
+
+    def end_encoder(self, started: object | None, tokens: int, device: torch.device) -> None:
+        """An encoder pass over ``tokens`` prompt positions has ended (counted apart from decoding;
+        ``started`` None: a pass that took no time, a replayed one)."""
+        self.encoder_passes += 1
+        self._shape(f"encoder:{tokens}", 0)
+        if started is not None:
+            self._stop(started, device)
+
+    def _shape(self, key, context: int) -> None:
+        entry = self.shapes.setdefault(key, [0, 0])
+        entry[0] += 1
+        entry[1] += int(context)
+
+    def _stop(self, started: object, device: torch.device) -> None:
         if device.type == "cuda":
             stop = torch.cuda.Event(enable_timing=True)
             stop.record()
@@ -88,6 +115,7 @@ class ForwardCounter:
             "tokens_scored": self.tokens_scored,
             "encoder_passes": self.encoder_passes,
             "seconds": self.seconds,
+            **({"shapes": {str(k): list(v) for k, v in self.shapes.items()}} if self.shapes else {}),
         }
 
 

@@ -265,7 +265,7 @@ class CompiledHFModel(HFModel):
         if bucket is not None and self.device.type == "cuda":  # a CUDA graph's next replay overwrites
             logits = logits.clone()
             states = {layer: state.clone() for layer, state in states.items()}
-        self.counter.end(started, fed, self.device)
+        self.counter.end(started, fed, self.device, context=keep)
         self._cached = total
         return Pass(logits, states)
 
@@ -302,7 +302,7 @@ class CompiledHFModel(HFModel):
         else:  # only the rows after the root and the nodes go through the LM head
             output = self._tree_eager(ids, mask, positions, bool(hidden), len(tree) + 1)
         self._point(keep + fed)  # a padded bucket's extra entries become stale
-        self.counter.end(started, fed, self.device)
+        self.counter.end(started, fed, self.device, context=keep)
         rows = slice(fed - len(tree) - 1, fed)
         logits = output.logits[0, rows] if bucket else output.logits[0]
         states = pick_hidden(output.hidden_states, hidden, rows, self.name) if hidden else {}

@@ -61,9 +61,7 @@ class HFModel:
         if self.is_encoder_decoder:
             started = self.counter.begin(self.device)
             self._encoder_outputs = self.model.get_encoder()(input_ids=prompt_ids[None])
-            self.counter.end(started, 0, self.device)
-            self.counter.forward_passes -= 1  # encoder passes are counted apart from decoder passes
-            self.counter.encoder_passes += 1
+            self.counter.end_encoder(started, prompt_ids.shape[0], self.device)
             start_id = self.model.config.decoder_start_token_id
             self._prefix = torch.tensor([start_id], dtype=torch.long, device=self.device)
             self._cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
@@ -106,7 +104,7 @@ class HFModel:
         started = self.counter.begin(self.device)
         output = self.model(**kwargs)
         logits = output.logits[0, -(n_candidates + 1) :]
-        self.counter.end(started, new.shape[0], self.device)
+        self.counter.end(started, new.shape[0], self.device, context=keep)
         states = {}
         if hidden:
             every = output.decoder_hidden_states if self.is_encoder_decoder else output.hidden_states
@@ -144,7 +142,7 @@ class HFModel:
             kwargs["output_hidden_states"] = True
         started = self.counter.begin(self.device)
         output = self.model(**kwargs)
-        self.counter.end(started, fed, self.device)
+        self.counter.end(started, fed, self.device, context=keep)
         rows = slice(-(len(tree) + 1), None)
         states = pick_hidden(output.hidden_states, hidden, rows, self.name) if hidden else {}
         self._cached = total

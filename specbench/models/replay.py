@@ -69,7 +69,8 @@ class ReplayTarget:
         if prompt_ids.ndim != 1 or (prompt_ids.shape[0] == 0 and not self.is_encoder_decoder):
             raise ValueError(f"{self.name}: the prompt must be a non-empty 1-D tensor of token ids")
         if self.is_encoder_decoder:
-            self.counter.encoder_passes += 1  # HFModel encodes the prompt here, apart from decoder passes
+            # HFModel encodes the prompt here, apart from decoder passes (no time: nothing runs)
+            self.counter.end_encoder(None, prompt_ids.shape[0], self.device)
             self._prefix_len = 1
         else:
             self._prefix_len = prompt_ids.shape[0]
@@ -100,7 +101,7 @@ class ReplayTarget:
         # what HFModel.score feeds: the positions its cache lacks, up to the end of ``tokens``
         total = self._prefix_len + tokens.shape[0]
         keep = min(self._cached, total - n_candidates - 1)
-        self.counter.end(started, total - keep, self.device)
+        self.counter.end(started, total - keep, self.device, context=keep)
         self._cached = total
         return Pass(logits)
 

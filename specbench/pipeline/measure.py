@@ -56,7 +56,7 @@ def _hash(*parts: str) -> str:
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:16]
 
 
-def _model_request(recipe: Recipe, name: str) -> sources.ModelRequest:
+def model_request(recipe: Recipe, name: str) -> sources.ModelRequest:
     spec = recipe.models[name]
     options = dict(spec.options or {})
     bigram = options.get("bigram")
@@ -122,7 +122,7 @@ class Measurer:
         if name not in self.models:
             with self.console.status(f"loading model {name} ({self.recipe.models[name].source})"):
                 with self._blame(f"models.{name}"):
-                    self.models[name] = sources.load(_model_request(self.recipe, name), self.model)
+                    self.models[name] = sources.load(model_request(self.recipe, name), self.model)
         return self.models[name]
 
     @contextlib.contextmanager

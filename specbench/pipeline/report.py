@@ -123,6 +123,8 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
             "SWI PW": format_interval(r, "swi_pw"),
             "tok/s": format_num(r["tokens_per_s"], 1) + _spread(r),
             "speedup": format_interval(r, "speedup_vs_ar", "x"),
+            # from the counts and a pass cost fitted to the other half of the examples (prediction.py)
+            "pred.": format_num(r.get("speedup_predicted", math.nan)),
             "acc. len": format_num(r["acceptance_length"]),
             "draft acc.": format_num(r["draft_acceptance_rate"]),
             "drafter cost": format_num(r.get("drafter_cost", math.nan), 3),
@@ -246,8 +248,9 @@ def render(results: Path, fmt: str = "table", console: Console | None = None) ->
     frame = display_frame(cells)
     note = (
         "SWI = generated tokens x c_target / sum of forward passes x c_model (ratio of sums); MS: cost by "
-        "parameter count; PW: prior-work table. speedup: tokens/s over the AR cell of the same run."
-        + _bootstrap_note(cells)
+        "parameter count; PW: prior-work table. speedup: tokens/s over the AR cell of the same run; "
+        "pred.: the speedup predicted from the cell's forward counts and pass shapes by a pass cost fitted "
+        "to the other half of the examples (specbench predict RUN shows its error)." + _bootstrap_note(cells)
     )
     lines = [measured_on(directory) for directory in run_directories(results)]
     lines += [line for line in (loaded_note(cells), note) if line]

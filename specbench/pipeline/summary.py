@@ -7,6 +7,7 @@ cell's rows), and acceptance by step and by draft position; statistics.py holds 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections import Counter, defaultdict
@@ -16,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from specbench.models.costs import swi, weighted_passes
+from specbench.pipeline import prediction
 from specbench.pipeline.results import CELLS, CELLS_SHA, text_checksum, write_atomic
 from specbench.pipeline.statistics import (
     BOOTSTRAP_RESAMPLES,
@@ -234,6 +236,23 @@ def summarise(rows: list[dict], machine: str | None = None) -> pd.DataFrame:
         row.drafter_pass_ms / ar_pass_ms.get((row.dataset, row.target, row.machine), math.nan)
         for row in table.itertuples()
     ]
+    return _with_predictions(table, rows, machine)
+
+
+def _with_predictions(table: pd.DataFrame, rows: list[dict], machine: str | None) -> pd.DataFrame:
+    """Tokens/s and speedup predicted from the counts and a pass cost fitted to the other half of the
+    examples (prediction.py), and the speedup's error: how well the counts explain the walltime."""
+    machine_of = functools.partial(_machine, default=machine)
+    predicted = prediction.cell_predictions(rows, prediction.cross_validated(rows, machine_of), machine_of)
+    names = ("tokens_per_s_predicted", "speedup_predicted", "speedup_prediction_error")
+    if predicted.empty:
+        return table.assign(**{name: math.nan for name in names})
+    predicted = predicted.rename(columns={"speedup_error": "speedup_prediction_error"})
+    by_cell = predicted.set_index(["dataset", "cell", "machine"])
+    for name in names:
+        table[name] = [
+            by_cell[name].get((r.dataset, r.cell, r.machine), math.nan) for r in table.itertuples()
+        ]
     return table
 
 

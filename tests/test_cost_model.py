@@ -1,0 +1,308 @@
+"""Walltime predicted from counts: pass shapes recorded and reconstructed, pass costs fitted and probed,
+held-out and carried predictions, and the probe/predict commands."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import TWO_CELL_RECIPE
+from typer.testing import CliRunner
+
+from specbench.cli import app
+from specbench.errors import SpecbenchError
+from specbench.models.base import ForwardCounter
+from specbench.models.tiny import build_tiny
+from specbench.pipeline import cost_model, prediction, probe
+from specbench.pipeline.results import read_examples
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED = ROOT / "results" / "prediction" / "amd-epyc-family26-avx512-bf16" / "demo"
+
+
+# -- shapes: what a pass fed and read ----------------------------------------------------------------
+
+
+def test_a_models_passes_record_tokens_fed_and_context_read():
+    from specbench.models.hf import HFModel
+
+    model = HFModel(build_tiny("tiny-llama", seed=0, dtype=torch.float64)[0], "m")
+    model.start(torch.tensor([3, 4, 5, 6]))
+    model.score(torch.tensor([7]), 0)  # prefill: prompt + 1 token at context 0
+    model.score(torch.tensor([7, 8, 9, 10]), 2)  # 3 fed after 5 cached
+    model.rollback(2)
+    model.score(torch.tensor([7, 8, 11]), 0)  # 1 fed (11) after 6 cached
+    assert model.counter.snapshot()["shapes"] == {"5": [1, 0], "3": [1, 5], "1": [1, 6]}
+    with model.counter.kept():  # passes that are not the method's leave the shapes alone
+        model.score(torch.tensor([7, 8, 11, 12]), 0)
+    assert model.counter.shapes == {5: [1, 0], 3: [1, 5], 1: [1, 6]}
+    model.counter.reset()
+    assert "shapes" not in model.counter.snapshot()
+
+
+def test_an_encoder_pass_is_a_shape_of_its_own():
+    from specbench.models.hf import HFModel
+
+    model = HFModel(build_tiny("tiny-t5", seed=0, dtype=torch.float64)[0], "m")
+    model.start(torch.tensor([3, 4, 5]))
+    model.score(torch.tensor([7]), 0)
+    snapshot = model.counter.snapshot()
+    assert snapshot["encoder_passes"] == 1 and snapshot["shapes"]["encoder:3"] == [1, 0]
+    shapes, recorded = cost_model.row_shapes({"forwards": {"m": snapshot}}, "m")
+    assert recorded and (3.0, 1, 0.0) in shapes
+
+
+def test_committed_rows_without_shapes_are_reconstructed_exactly_for_ar_and_speculative_cells():
+    """Rows from before shapes were recorded are rebuilt from prompt length, steps and token counts;
+    on rows that recorded both, the rebuilt shapes equal the recorded ones."""
+    rows = read_examples(COMMITTED)
+    checked = 0
+    for row in rows:
+        for model, counts in row["forwards"].items():
+            if "shapes" not in counts:
+                continue
+            recorded, _ = cost_model.row_shapes(row, model)
+            legacy = copy.deepcopy(row)
+            del legacy["forwards"][model]["shapes"]
+            rebuilt, was_recorded = cost_model.row_shapes(legacy, model)
+            assert not was_recorded and sorted(rebuilt) == sorted(recorded), (row["cell"], row["example_id"])
+            checked += 1
+    assert checked == len(rows)
+
+
+def test_reconstruction_falls_back_to_a_prefill_and_mean_passes():
+    row = {"prompt_tokens": 10, "n_tokens": 6, "steps": [], "target": "t"}
+    row["forwards"] = {"d": {"forward_passes": 4, "tokens_scored": 16, "encoder_passes": 0}}
+    shapes, _ = cost_model.row_shapes(row, "d")
+    assert shapes == [(10.0, 1, 0.0), (2.0, 3, 3 * 13.0)]
+    assert cost_model.shape_sums(shapes)[2] == 16  # every token scored is in a shape
+
+
+# -- pass costs ---------------------------------------------------------------------------------------
+
+
+def test_a_linear_cost_is_recovered_from_row_sums():
+    truth = cost_model.Linear(a1=0.018, a=0.02, b=4e-4, e=1.5e-5, f=2e-7)
+    rng = np.random.default_rng(0)
+    samples = []
+    for _ in range(30):
+        shapes = [(float(n), int(rng.integers(1, 40)), float(rng.integers(0, 20000))) for n in (1, 3, 5, 90)]
+        samples.append((shapes, truth.seconds(shapes)))
+    fitted = cost_model.fit_linear(samples)
+    for name in ("a1", "a", "b", "e", "f"):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
+
+
+def test_nnls_keeps_coefficients_non_negative():
+    x = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
+    y = np.array([3.0, 2.0, 1.0])  # least squares would give a negative slope
+    b = cost_model.nnls(x, y)
+    assert (b >= 0).all() and b[1] == 0 and b[0] == pytest.approx(2.0)
+
+
+def test_a_size_table_is_exact_at_probed_points_and_linear_between():
+    points = [
+        (n, c, 0.01 + 0.001 * n + 1e-6 * c * (2 if n == 1 else 1)) for n in (1, 4, 16) for c in (0, 500, 1000)
+    ]
+    table = cost_model.fit_size_table(points)
+    for n, c, seconds in points:
+        assert table.pass_seconds(n, c) == pytest.approx(seconds)
+    assert table.pass_seconds(10, 0) == pytest.approx(0.01 + 0.001 * 10)  # between 4 and 16
+    assert table.pass_seconds(0.5, 0) == pytest.approx(table.pass_seconds(1, 0))  # held below the smallest
+    assert cost_model.fit_quality(table, points)["max_relative_error"] == pytest.approx(0, abs=1e-9)
+    shapes = [(4.0, 3, 1500.0)]  # three passes at a mean context of 500
+    assert table.seconds(shapes) == pytest.approx(3 * table.pass_seconds(4, 500))
+
+
+def test_a_roofline_is_bound_by_memory_for_small_passes_and_by_compute_for_large_ones():
+    roof = cost_model.Roofline(
+        weight_bytes=2e9, flops_per_token=2e9, kv_bytes_per_token=1e5, bandwidth=2e12, peak_flops=1e15
+    )
+    assert roof.pass_seconds(1, 0) == pytest.approx(1e-3)  # 2 GB at 2 TB/s
+    assert roof.pass_seconds(4, 0) == pytest.approx(1e-3)  # still memory-bound
+    assert roof.pass_seconds(4000, 0) == pytest.approx(8e-3)  # 8 TFLOP at 1 PFLOP/s
+    assert roof.pass_seconds(1, 1000) == pytest.approx(1e-3 + 1e8 / 2e12)
+
+
+# -- predictions ----------------------------------------------------------------------------------------
+
+
+def _synthetic_rows(cost, loop_per_step: float) -> list[dict]:
+    """AR and SD rows whose walltimes a known pass cost and loop overhead give exactly."""
+    rows = []
+    for i in range(6):
+        prompt = 20 + 5 * i
+        for cell, method, steps in (
+            ("ar", "autoregressive", [[0, 0]] * 12),
+            ("sd", "speculative", [[3, 2]] * 4),
+        ):
+            fed = [d + 1 for d, _ in steps]
+            fed[0] += prompt - 1
+            counts = {"forward_passes": len(steps), "tokens_scored": sum(fed), "encoder_passes": 0}
+            row = {
+                "key": f"{cell}-{i}",
+                "dataset": "d",
+                "cell": cell,
+                "method": method,
+                "target": "t",
+                "example_id": f"e{i}",
+                "prompt_tokens": prompt,
+                "n_tokens": 12,
+                "steps": steps,
+                "forwards": {"t": counts},
+            }
+            shapes, _ = cost_model.row_shapes(row, "t")
+            counts["seconds"] = cost.seconds(shapes)
+            row["walltime"] = counts["seconds"] + loop_per_step * len(steps)
+            rows.append(row)
+    return rows
+
+
+def test_held_out_predictions_are_exact_when_one_linear_cost_made_the_times():
+    rows = _synthetic_rows(cost_model.Linear(0.018, 0.02, 5e-4, 1e-5, 0.0), loop_per_step=1e-3)
+    predicted = prediction.cross_validated(rows, lambda r: "m")
+    assert set(predicted) == {r["key"] for r in rows}
+    for row in rows:
+        assert predicted[row["key"]] == pytest.approx(row["walltime"], rel=1e-6)
+    table = prediction.cell_predictions(rows, predicted, lambda r: "m")
+    sd = table[table["cell"] == "sd"].iloc[0]
+    assert sd["speedup_predicted"] == pytest.approx(sd["speedup"], rel=1e-6)
+    assert prediction.median_abs_error(table) == pytest.approx(0, abs=1e-6)
+
+
+def test_summary_carries_the_held_out_prediction_beside_the_measured_speedup():
+    from specbench.pipeline.summary import summarise
+
+    rows = _synthetic_rows(cost_model.Linear(0.018, 0.02, 5e-4, 1e-5, 0.0), loop_per_step=1e-3)
+    for row in rows:
+        row.update(
+            method_name=row["cell"],
+            params={},
+            drafter=None,
+            ttft=0.0,
+            quality={},
+            costs={"ms": {"t": 1.0}, "pw": {"t": 1.0}},
+            accepted_by_position=[],
+            first_divergence=None,
+        )
+    table = summarise(rows, "m").set_index("cell")
+    assert table.loc["sd", "speedup_predicted"] == pytest.approx(table.loc["sd", "speedup_vs_ar"], rel=1e-6)
+    assert table.loc["sd", "speedup_prediction_error"] == pytest.approx(0, abs=1e-6)
+
+
+def test_a_probe_profile_prices_a_run_and_names_what_it_lacks(tmp_path):
+    entry = {"table": {"sizes": [1, 5, 100], "alpha": [0.02, 0.022, 0.06], "gamma": [1e-5, 1e-5, 1e-5]}}
+    profile = {"format": probe.FORMAT, "kind": "probe", "models": {"smollm2-135m-instruct": entry}}
+    table = prediction.predict_run(COMMITTED, profile)
+    assert set(table["cell"]) == {"ar", "sd-lookup[k=4]", "hf-lookup"}
+    assert (table["tokens_per_s_predicted"] > 0).all()
+    other = {"format": probe.FORMAT, "kind": "probe", "models": {"tiny-llama": entry}}
+    with pytest.raises(SpecbenchError, match="models.smollm2.*not in the profile.*specbench probe"):
+        prediction.predict_run(COMMITTED, other)
+
+
+def test_profiles_are_read_from_files_or_named_devices(tmp_path):
+    assert probe.read_profile("h100")["kind"] == "roofline"
+    with pytest.raises(SpecbenchError, match="neither a profile file nor a known device.*h100"):
+        probe.read_profile(str(tmp_path / "missing.json"))
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "other"}')
+    with pytest.raises(SpecbenchError, match="format is not"):
+        probe.read_profile(str(bad))
+
+
+def test_probe_then_predict_from_the_command_line(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(TWO_CELL_RECIPE)
+    out = tmp_path / "run"
+    assert runner.invoke(app, ["run", str(recipe), "--output-dir", str(out)]).exit_code == 0
+    cells = (out / "cells.csv").read_text().splitlines()[0].split(",")
+    assert {"tokens_per_s_predicted", "speedup_predicted", "speedup_prediction_error"} <= set(cells)
+    rows = read_examples(out)
+    assert all("shapes" in r["forwards"]["target"] for r in rows)
+
+    profile = tmp_path / "profile.json"
+    probed = runner.invoke(
+        app,
+        [
+            "probe",
+            str(recipe),
+            "--out",
+            str(profile),
+            "--sizes",
+            "1,3",
+            "--contexts",
+            "4,16",
+            "--rounds",
+            "1",
+            "--roofline",
+        ],
+    )
+    assert probed.exit_code == 0, probed.output
+    written = json.loads(profile.read_text())
+    assert written["format"] == probe.FORMAT and written["machine"]["id"]
+    entry = written["models"]["tiny-llama"]
+    assert [p[:2] for p in entry["points"]] == [[1.0, 5.0], [1.0, 17.0], [3.0, 5.0], [3.0, 17.0]]
+    assert entry["dtype"] == "float64" and entry["engine"] == "eager"
+
+    held_out = runner.invoke(app, ["predict", str(out)])
+    assert held_out.exit_code == 0 and "held out" in held_out.output
+    carried = runner.invoke(app, ["predict", str(out), "--profile", str(profile), "--against", str(out)])
+    assert carried.exit_code == 0, carried.output
+    assert "speedup there" in carried.output and "Median |speedup error|" in carried.output
+    no_fp64 = runner.invoke(app, ["predict", str(out), "--profile", "h100"])
+    assert no_fp64.exit_code == 2 and "no peak FLOP/s for float64" in no_fp64.output
+    roof = runner.invoke(app, ["predict", str(out), "--profile", "h100", "--dtype", "bfloat16", "-f", "csv"])
+    assert roof.exit_code == 0, roof.output  # priced from the models' facts and the H100's figures
+    assert written["roofline"]["bandwidth"] > 0 and written["roofline"]["peak_flops"]["float64"] > 0
+    as_csv = runner.invoke(app, ["predict", str(out), "--profile", str(profile), "--format", "csv"])
+    assert as_csv.output.splitlines()[0].startswith("dataset,cell,rows,tokens_per_s")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--profile", "tpu-v9"], "neither a profile file nor a known device"),
+        (["--loop", "sometimes"], "--loop: unknown value"),
+        (["--against", "elsewhere"], "--against: needs --profile"),
+    ],
+)
+def test_bad_predict_input_is_one_line(arguments, message):
+    result = runner.invoke(app, ["predict", str(COMMITTED), *arguments])
+    assert result.exit_code == 2 and message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_probe_refuses_a_grid_it_cannot_time(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(TWO_CELL_RECIPE)
+    result = runner.invoke(app, ["probe", str(recipe), "--out", str(tmp_path / "p.json"), "--sizes", "0,x"])
+    assert result.exit_code == 2 and "--sizes" in result.output
+
+
+def test_a_counter_without_passes_keeps_its_old_shape():
+    assert ForwardCounter().snapshot() == {
+        "forward_passes": 0,
+        "tokens_scored": 0,
+        "encoder_passes": 0,
+        "seconds": 0.0,
+    }
+
+
+def test_the_turns_of_a_conversation_sum_their_shapes():
+    from specbench.decoding.generation import Generation
+
+    def turn(shapes):
+        counts = {"forward_passes": sum(p for p, _ in shapes.values()), "tokens_scored": 0, "seconds": 0.1}
+        return Generation(
+            tokens=[1], walltime=0.1, ttft=0.1, steps=[(0, 0)], forwards={"t": counts | {"shapes": shapes}}
+        )
+
+    joined = Generation.joined([turn({"9": [1, 0], "1": [3, 30]}), turn({"14": [1, 0], "1": [2, 40]})])
+    assert joined.forwards["t"]["shapes"] == {"9": [1, 0], "1": [5, 70], "14": [1, 0]}
+    assert joined.forwards["t"]["forward_passes"] == 7
