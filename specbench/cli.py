@@ -325,6 +325,12 @@ def plan(
         "its rows the time per pass of the same models.",
     ),
     limit: int = typer.Option(None, "--limit", min=1, help="At most N examples per dataset, as run --limit."),
+    profile: Path = typer.Option(
+        None,
+        "--profile",
+        help="A cost profile (specbench probe): time per pass of the models it probed, by source, as a "
+        "one-token pass after half the recipe's longest sequence.",
+    ),
     bandwidth: str = typer.Option("2TB/s", "--bandwidth", help="GPU memory bandwidth for the time rule."),
     cpu_bandwidth: str = typer.Option("20GB/s", "--cpu-bandwidth", help="CPU memory bandwidth, likewise."),
     margin: float = typer.Option(
@@ -344,8 +350,8 @@ def plan(
     over consecutive GPUs when one is not enough. A recipe that does not fit is a one-line error naming
     the model and the fewest such GPUs that would hold it. Cells: rows left to run, forward passes per
     model (speculative: T / E(α, k) target passes, E = (1 - α^(k+1)) / (1 - α), Leviathan et al. 2023),
-    walltime and GPU-hours; time per pass from --pass-ms, --probe, an earlier run in --output-dir, or
-    weight bytes / --bandwidth. Every assumption is printed with the numbers.
+    walltime and GPU-hours; time per pass from --pass-ms, --probe, a cost profile (--profile), an
+    earlier run in --output-dir, or weight bytes / --bandwidth. Every assumption is printed with the numbers.
 
     Example: specbench plan recipes/specdecpp/llama2_chat_7b_70b.yaml --gpus 2 --gpu-memory 80GiB
     """
@@ -380,6 +386,15 @@ def plan(
         cpu_bandwidth=parse_size(cpu_bandwidth, "--cpu-bandwidth", per_second=True),
     )
     probed = planning.probe(loaded) if probe else None
+    profiled = None
+    if profile is not None:
+        from specbench.pipeline.probe import read_profile
+
+        profiled = read_profile(str(profile))
+        if profiled["kind"] != "probe":
+            raise SpecbenchError(
+                "--profile", f"{profile} is not a probe's profile", "write one with specbench probe"
+            )
     bill = planning.build_plan(
         loaded,
         hardware,
@@ -388,6 +403,7 @@ def plan(
         pass_ms=given,
         probed=probed,
         limit=limit,
+        profile=profiled,
     )
     if format == "json":
         sys.stdout.write(plan_json(bill))
@@ -470,6 +486,12 @@ def predict(
         None, "--against", help="A run of the same recipe measured where the profile was: its speedups."
     ),
     dtype: str = typer.Option(None, "--dtype", help="With a roofline: the dtype to cost the models in."),
+    roofline: bool = typer.Option(
+        False,
+        "--roofline",
+        help="Price every model by the roofline of the profile's device (the bandwidth and peak that "
+        "probe --roofline measured), not by its probed passes. Models a profile did not probe always are.",
+    ),
     loop: str = typer.Option(
         "auto",
         "--loop",
@@ -494,7 +516,7 @@ def predict(
     if format not in ("table", "csv", "markdown"):
         raise SpecbenchError("--format", f"unknown format {format!r}", "use table, csv or markdown")
     text = prediction_view.render(
-        run_dir, profile, against, dtype, None if loop == "auto" else loop == "measured", format
+        run_dir, profile, against, dtype, None if loop == "auto" else loop == "measured", format, roofline
     )
     if text:
         sys.stdout.write(text + ("" if text.endswith("\n") else "\n"))

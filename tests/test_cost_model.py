@@ -306,3 +306,52 @@ def test_the_turns_of_a_conversation_sum_their_shapes():
     joined = Generation.joined([turn({"9": [1, 0], "1": [3, 30]}), turn({"14": [1, 0], "1": [2, 40]})])
     assert joined.forwards["t"]["shapes"] == {"9": [1, 0], "1": [5, 70], "14": [1, 0]}
     assert joined.forwards["t"]["forward_passes"] == 7
+
+
+COMMITTED_RUNS = sorted(p.parent for p in (ROOT / "results").glob("**/examples.jsonl"))
+
+
+@pytest.mark.parametrize("run", COMMITTED_RUNS, ids=lambda p: str(p.relative_to(ROOT / "results")))
+def test_every_committed_run_is_predicted_held_out(run):
+    rows = read_examples(run)
+    timed = {(r["dataset"], r["cell"]) for r in rows if prediction.timed(r)}
+    machine_of = lambda r: r.get("machine", "")  # noqa: E731
+    table = prediction.cell_predictions(rows, prediction.cross_validated(rows, machine_of), machine_of)
+    assert set(zip(table["dataset"], table["cell"], strict=True)) == timed
+    assert (table["tokens_per_s_predicted"] > 0).all()
+
+
+def test_a_probe_profile_with_roofline_figures_prices_models_it_did_not_probe():
+    profile = probe.read_profile(str(COMMITTED.parent / "profile_bfloat16_eager.json"))
+    assert profile["roofline"]["bandwidth"] > 0
+    probed = prediction.predict_run(COMMITTED, profile)
+    roofline = prediction.predict_run(COMMITTED, profile, roofline=True)
+    ar = roofline["method"] == "autoregressive"
+    # a SmolLM2 pass here is far from the CPU's bounds: the roofline is faster than the probe
+    assert (roofline.loc[ar, "tokens_per_s_predicted"] > 2 * probed.loc[ar, "tokens_per_s_predicted"]).all()
+    unprobed = dict(profile, models={})  # a model the profile did not probe: its roofline
+    fallback = prediction.predict_run(COMMITTED, unprobed, loop=False)
+    assert fallback.equals(prediction.predict_run(COMMITTED, profile, loop=False, roofline=True))
+    with pytest.raises(SpecbenchError, match="no roofline figures.*probe again with --roofline"):
+        prediction.predict_run(COMMITTED, dict(profile, roofline=None), roofline=True)
+
+
+def test_the_report_predicts_for_a_cells_csv_written_before_predictions(tmp_path):
+    import pandas as pd
+
+    from specbench.pipeline.report import load_cells
+    from specbench.pipeline.results import CELLS, CELLS_SHA, text_checksum
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(TWO_CELL_RECIPE)
+    out = tmp_path / "run"
+    assert runner.invoke(app, ["run", str(recipe), "--output-dir", str(out)]).exit_code == 0
+    written = pd.read_csv(out / CELLS)
+    old = written.drop(columns=list(prediction.HELD_OUT_COLUMNS)).to_csv(index=False)
+    (out / CELLS).write_text(old)  # as an older specbench wrote it, checksum and all
+    (out / CELLS_SHA).write_text(text_checksum(old) + "\n")
+    cells = load_cells(out).set_index("cell")
+    assert cells.loc["sd", "speedup_predicted"] == pytest.approx(
+        written.set_index("cell").loc["sd", "speedup_predicted"]
+    )
+    assert (out / CELLS).read_text() == old  # read, never rewritten

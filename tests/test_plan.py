@@ -188,3 +188,29 @@ def test_sizes_take_binary_and_decimal_units(text, expected):
     assert placement.parse_size("2TB/s", "--bandwidth", per_second=True) == 2e12
     with pytest.raises(SpecbenchError, match="not a positive size"):
         placement.parse_size("80", "--gpu-memory")
+
+
+@pytest.mark.parametrize(("feature", "dtype"), [("AVX512-BF16", "bfloat16"), (None, "float32")])
+def test_dtype_auto_on_the_cpu_is_planned_as_the_loader_resolves_it(monkeypatch, feature, dtype):
+    from specbench.models import devices
+
+    monkeypatch.setattr(devices, "cpu_bf16_feature", lambda: feature)
+    recipe = load_recipe(ROOT / "recipes" / "demo.yaml")
+    bill = plan.build_plan(recipe, plan.Hardware())
+    smollm2 = next(m for m in bill["models"] if m["name"] == "smollm2")
+    assert smollm2["dtype"] == dtype
+
+
+def test_a_cost_profile_gives_the_time_per_pass_of_the_models_it_probed():
+    from specbench.pipeline.probe import probed_cost
+
+    path = ROOT / "results/prediction/amd-epyc-family26-avx512-bf16/profile_bfloat16_eager.json"
+    profile = json.loads(path.read_text())
+    recipe = load_recipe(ROOT / "recipes" / "demo.yaml")
+    bill = plan.build_plan(recipe, plan.Hardware(), profile=profile)
+    models = {m["name"]: m for m in bill["models"]}
+    assert models["smollm2"]["pass_ms_source"].startswith("--profile (bfloat16 eager, one-token pass after")
+    after = int(models["smollm2"]["pass_ms_source"].split("after ")[1].split()[0])
+    cost = probed_cost(profile["models"]["smollm2-135m-instruct"])
+    assert models["smollm2"]["pass_ms"] == pytest.approx(1000 * cost.pass_seconds(1, after))
+    assert models["lookup"]["pass_ms_source"] == "statistical drafter"

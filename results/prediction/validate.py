@@ -173,6 +173,19 @@ CARRIED = [
         f"{LABEL}/profile_bfloat16_eager.json",
         f"{LABEL}/quickstart",
     ),
+    # the roofline of this CPU's measured bandwidth and peak (probe --roofline), passes only
+    (
+        "roofline of this EPYC vs run, bf16 eager",
+        f"{LABEL}/demo",
+        f"{LABEL}/profile_bfloat16_eager.json#roofline",
+        f"{LABEL}/demo",
+    ),
+    (
+        "Xeon with AMX -> roofline of this EPYC, bf16 eager",
+        "../quickstart",
+        f"{LABEL}/profile_bfloat16_eager.json#roofline",
+        f"{LABEL}/quickstart",
+    ),
 ]
 
 
@@ -188,9 +201,11 @@ def carried() -> str:
     ]
     summary = []
     for what, source, profile_file, there in CARRIED:
+        profile_file, _, roofline = profile_file.partition("#")
         profile = probe.read_profile(str(HERE / profile_file))
-        table = prediction.predict_run(HERE / source, profile).set_index(["dataset", "cell"])
-        own = prediction.predict_run(HERE / there, profile).set_index(["dataset", "cell"])
+        table = prediction.predict_run(HERE / source, profile, roofline=bool(roofline))
+        own = prediction.predict_run(HERE / there, profile, roofline=bool(roofline))
+        table, own = table.set_index(["dataset", "cell"]), own.set_index(["dataset", "cell"])
         errors, model_errors, ar_errors = [], [], []
         for (dataset, cell), row in table.iterrows():
             if (dataset, cell) not in own.index:

@@ -166,6 +166,7 @@ def build_plan(
     pass_ms: dict[str, float] | None = None,
     probed: dict[str, float] | None = None,
     limit: int | None = None,
+    profile: dict | None = None,
 ) -> dict:
     """The plan of ``recipe`` on ``hardware`` (module docstring); a recipe that cannot fit raises.
     ``limit``: at most that many examples per dataset, as ``specbench run --limit``."""
@@ -173,12 +174,17 @@ def build_plan(
     datasets = dataset_shapes(recipe, previous, limit)
     sequence = max(d["prompt_tokens"] + d["tokens_per_row"] for d in datasets)
     gpu_planned = hardware.gpus > 0
+    import torch
+
+    from specbench.models.devices import dtype_choice
+
     dtypes = {}
     for name, spec in recipe.models.items():
         dtype = spec.dtype
-        if dtype == "auto":  # as the loader resolves it: bfloat16 on a GPU, float32 on the CPU
+        if dtype == "auto":  # as the loader resolves it: bfloat16 on a GPU; on this CPU, its rule
             on_gpu = spec.device.startswith("cuda") or (spec.device == "auto" and gpu_planned)
-            dtype = "bfloat16" if on_gpu else "float32"
+            rule = sources.source_of(spec.source).dtype_rule or "auto"
+            dtype = "bfloat16" if on_gpu else dtype_choice(rule, "auto", torch.device("cpu"))[0]
         dtypes[name] = dtype
     for name, spec in recipe.models.items():  # an early exit or heads run in their base model's dtype
         if sources.source_of(spec.source).dtype_rule is None and spec.options.get("of") in dtypes:
@@ -197,7 +203,12 @@ def build_plan(
             if m["footprint_bytes"] or facts[m["name"]].shares
         ]
         placed = placement.place_or_explain(demands, hardware, recipe.path, {m["name"]: m for m in models})
-    times = pass_times(recipe, facts, placed, hardware, pass_ms or {}, probed or {}, previous)
+    measured = dict(probed or {})
+    sources_of = {name: "--probe" for name in measured}
+    for name, (ms, where) in profiled_times(recipe, profile, sequence // 2).items():
+        if name not in measured:
+            measured[name], sources_of[name] = ms, where
+    times = pass_times(recipe, facts, placed, hardware, pass_ms or {}, measured, previous, sources_of)
     for model in models:
         model["pass_ms"], model["pass_ms_source"] = times[model["name"]]
     cells = cell_bills(recipe, datasets, times, previous, acceptance)
@@ -284,7 +295,24 @@ def _local_examples(task, spec, split: str) -> list | None:
     return examples[:: spec.every][: spec.limit]
 
 
-def pass_times(recipe, facts, placed, hardware, given, probed, previous) -> dict[str, tuple[float, str]]:
+def profiled_times(recipe, profile: dict | None, context: int) -> dict[str, tuple[float, str]]:
+    """(ms, where from) of a one-token pass at ``context`` for each recipe model a cost profile
+    (``specbench probe``) probed, by source."""
+    from specbench.pipeline.probe import probed_cost
+
+    times = {}
+    for name, spec in recipe.models.items():
+        entry = (profile or {}).get("models", {}).get(spec.source)
+        if entry is not None:
+            ms = 1000 * probed_cost(entry).pass_seconds(1, context)
+            setup = f"{entry.get('dtype')} {entry.get('engine')}"
+            times[name] = (ms, f"--profile ({setup}, one-token pass after {context} positions)")
+    return times
+
+
+def pass_times(
+    recipe, facts, placed, hardware, given, probed, previous, probed_from=None
+) -> dict[str, tuple[float, str]]:
     """(ms per forward pass, where the number comes from) for every recipe model."""
     on_gpu = set()
     for gpu in placed["gpus"] if placed else ():
@@ -296,7 +324,7 @@ def pass_times(recipe, facts, placed, hardware, given, probed, previous) -> dict
         if name in given:
             times[name] = (given[name], "--pass-ms")
         elif name in probed:
-            times[name] = (probed[name], "--probe")
+            times[name] = (probed[name], (probed_from or {}).get(name, "--probe"))
         elif name in measured:
             times[name] = (measured[name], "previous run (seconds / forward passes)")
         elif fact.shares is not None:

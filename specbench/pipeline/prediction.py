@@ -170,43 +170,62 @@ def cell_predictions(
     return table
 
 
+HELD_OUT_COLUMNS = ("tokens_per_s_predicted", "speedup_predicted", "speedup_prediction_error")
+
+
+def held_out_columns(rows: Sequence[dict], machine_of: Callable[[dict], str]) -> pd.DataFrame:
+    """cells.csv's prediction columns (HELD_OUT_COLUMNS) by (dataset, cell, machine): tokens/s and
+    speedup predicted held out (:func:`cross_validated`), and the speedup's error."""
+    table = cell_predictions(rows, cross_validated(rows, machine_of), machine_of)
+    if table.empty:
+        return pd.DataFrame(columns=["dataset", "cell", "machine", *HELD_OUT_COLUMNS])
+    table = table.rename(columns={"speedup_error": "speedup_prediction_error"})
+    return table[["dataset", "cell", "machine", *HELD_OUT_COLUMNS]]
+
+
 def median_abs_error(table: pd.DataFrame, column: str = "speedup_error") -> float:
     """The median |error| over the cells that are not AR (whose speedup is 1 by definition)."""
     errors = table.loc[table["method"] != "autoregressive", column].abs().dropna()
     return float(errors.median()) if len(errors) else math.nan
 
 
-def run_costs(run_dir, environment: dict, profile: dict, dtype: str | None = None) -> dict[str, object]:
-    """Each model of a run -> its pass cost under ``profile`` (None: a statistical drafter)."""
+def run_costs(
+    run_dir, environment: dict, profile: dict, dtype: str | None = None, roofline: bool = False
+) -> dict[str, object]:
+    """Each model of a run -> its pass cost under ``profile`` (None: a statistical drafter): a probed
+    model's table, else the roofline of the profile's device (a named device's public figures, or the
+    bandwidth and peak that ``probe --roofline`` measured); ``roofline``: the roofline for every model."""
     from specbench.errors import SpecbenchError
     from specbench.pipeline import probe
 
+    figures = profile if profile["kind"] == "roofline" else profile.get("roofline")
+    if roofline and figures is None:
+        raise SpecbenchError(
+            "--roofline", "the profile holds no roofline figures", "probe again with --roofline"
+        )
     costs = {}
     for name, model in (environment.get("models") or {}).items():
         if not model.get("parameters"):
             costs[name] = None
             continue
         source = model["source"]
-        if profile["kind"] == "probe":
-            entry = profile["models"].get(source)
-            if entry is None:
-                raise SpecbenchError(
-                    f"{run_dir}: models.{name}",
-                    f"source {source!r} is not in the profile "
-                    f"(it has {', '.join(sorted(profile['models']))})",
-                    "probe a recipe that names it: specbench probe RECIPE --out FILE",
-                )
+        entry = (profile.get("models") or {}).get(source)
+        if entry is not None and not roofline:
             costs[name] = probe.probed_cost(entry)
-        else:
-            model_dtype = dtype or str(model.get("dtype") or "float32").removeprefix("torch.")
-            fact = _facts(run_dir, name, model_dtype)
-            costs[name] = probe.roofline_cost(
-                profile,
-                fact.weight_bytes,
-                fact.params or model["parameters"],
-                fact.kv_bytes_per_token,
-                model_dtype,
+            continue
+        if figures is None:
+            raise SpecbenchError(
+                f"{run_dir}: models.{name}",
+                f"source {source!r} is not in the profile "
+                f"(it has {', '.join(sorted(profile['models']))}) and the profile has no roofline",
+                "probe a recipe that names it (specbench probe RECIPE --out FILE), or add --roofline there",
             )
+        model_dtype = dtype or str(model.get("dtype") or "float32").removeprefix("torch.")
+        fact = _facts(run_dir, name, model_dtype)
+        parameters = fact.params or model["parameters"]
+        costs[name] = probe.roofline_cost(
+            figures, fact.weight_bytes, parameters, fact.kv_bytes_per_token, model_dtype
+        )
     return costs
 
 
@@ -227,7 +246,9 @@ def _facts(run_dir, name: str, dtype: str):
     return sources.model_facts(name, models, dtype)
 
 
-def predict_run(run_dir, profile: dict, dtype: str | None = None, loop: bool | None = None) -> pd.DataFrame:
+def predict_run(
+    run_dir, profile: dict, dtype: str | None = None, loop: bool | None = None, roofline: bool = False
+) -> pd.DataFrame:
     """Every cell of the run at ``run_dir`` predicted under ``profile``: each row's models' passes costed
     by the profile, plus its loop overhead as measured (``loop``; default: with a probe's profile, not
     with a roofline, which predicts what the device bounds: a host's Python is not the device's)."""
@@ -238,11 +259,11 @@ def predict_run(run_dir, profile: dict, dtype: str | None = None, loop: bool | N
 
     run_dir = Path(run_dir)
     environment = json.loads((run_dir / "environment.json").read_text())
-    costs = run_costs(run_dir, environment, profile, dtype)
+    costs = run_costs(run_dir, environment, profile, dtype, roofline)
     rows = [r for r in read_examples(run_dir) if timed(r)]
     machine = (environment.get("machine") or {}).get("id", "")
     if loop is None:
-        loop = profile["kind"] == "probe"
+        loop = profile["kind"] == "probe" and not roofline
     if "compiled" in str(profile.get("engine", "")):  # HF generate's cells run eagerly on any engine
         rows = [r for r in rows if _runs_engine(r["method"])]
     predicted = {r["key"]: predicted_walltime(r, costs.get, overhead(r) if loop else 0.0) for r in rows}

@@ -28,7 +28,9 @@ COLUMNS = [
 ]
 
 
-def render(run_dir: Path, profile_name, against: Path | None, dtype, loop, format: str) -> str:
+def render(
+    run_dir: Path, profile_name, against: Path | None, dtype, loop, format: str, roofline: bool = False
+) -> str:
     from specbench.pipeline import probe
 
     run_dir = Path(run_dir)
@@ -46,9 +48,10 @@ def render(run_dir: Path, profile_name, against: Path | None, dtype, loop, forma
         )
     else:
         profile = probe.read_profile(profile_name)
-        table = prediction.predict_run(run_dir, profile, dtype, loop)
-        used = loop if loop is not None else profile["kind"] == "probe"
-        where = f"measured on {_named(environment)}; predicted with {_profile_named(profile)}; " + (
+        table = prediction.predict_run(run_dir, profile, dtype, loop, roofline)
+        used = loop if loop is not None else profile["kind"] == "probe" and not roofline
+        named = _profile_named(profile) + (" (its measured roofline)" if roofline else "")
+        where = f"measured on {_named(environment)}; predicted with {named}; " + (
             "each row's measured loop overhead added" if used else "passes only (no loop overhead)"
         )
     if table.empty:

@@ -242,14 +242,9 @@ def summarise(rows: list[dict], machine: str | None = None) -> pd.DataFrame:
 def _with_predictions(table: pd.DataFrame, rows: list[dict], machine: str | None) -> pd.DataFrame:
     """Tokens/s and speedup predicted from the counts and a pass cost fitted to the other half of the
     examples (prediction.py), and the speedup's error: how well the counts explain the walltime."""
-    machine_of = functools.partial(_machine, default=machine)
-    predicted = prediction.cell_predictions(rows, prediction.cross_validated(rows, machine_of), machine_of)
-    names = ("tokens_per_s_predicted", "speedup_predicted", "speedup_prediction_error")
-    if predicted.empty:
-        return table.assign(**{name: math.nan for name in names})
-    predicted = predicted.rename(columns={"speedup_error": "speedup_prediction_error"})
+    predicted = prediction.held_out_columns(rows, functools.partial(_machine, default=machine))
     by_cell = predicted.set_index(["dataset", "cell", "machine"])
-    for name in names:
+    for name in prediction.HELD_OUT_COLUMNS:
         table[name] = [
             by_cell[name].get((r.dataset, r.cell, r.machine), math.nan) for r in table.itertuples()
         ]
