@@ -188,8 +188,8 @@ def test_caption_names_the_models_and_flags_other_models(flan_run: Path, tmp_pat
     tiny = _write_run(tmp_path / "tiny", cells, tiny_models)
     text = render_paper(tiny, "cs-drafting-table2", "markdown")
     assert "xxl = tiny-t5 (2.2M" in text and "Not the paper's models" in text
-    # the run's own dataset gets rows of its own, with no paper values
-    assert "| arithmetic | S Decoding | BASE | 1.00 | — | k11=2 | — | 2.80 | — | k11=2 | — |" in text
+    # the run's own dataset gets rows of its own, with no paper values (and no theory: no rates here)
+    assert "| arithmetic | S Decoding | BASE | 1.00 | — | — | k11=2 | — | 2.80 | — | — | k11=2 | — |" in text
 
 
 def test_csv_is_one_tidy_row_per_paper_value(flan_run: Path):
@@ -323,3 +323,13 @@ def test_bigram_paths_name_the_data_dir_not_a_checkout(path: Path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_DATA_DIR", str(data_dir))
     for bigram in published:
         assert Path(os.path.expandvars(bigram)).is_file(), bigram
+
+
+def test_table2_shows_the_theory_of_the_chosen_sd_cell(tmp_path: Path):
+    better = _cell("gsm8k/test", "speculative", "small", {"k": 2, "lenience": 1.0}, 1.5, 1.4)
+    worse = _cell("gsm8k/test", "speculative", "small", {"k": 4, "lenience": 1.0}, 1.2, 1.6)
+    better |= {"swi_ms_theory": 1.52, "swi_pw_theory": 1.41}
+    worse |= {"swi_ms_theory": 1.25, "swi_pw_theory": 1.63}
+    row = _rows(_write_run(tmp_path / "t", [better, worse]))[("GSM8K", "S Decoding", "SMALL")]
+    assert (row["MS ours"], row["MS theory"]) == ("1.50", "1.52")  # the theory of the cell shown
+    assert (row["PW ours"], row["PW theory"]) == ("1.60", "1.63")

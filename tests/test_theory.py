@@ -154,3 +154,52 @@ def test_table1_reproduces_paper():
     # Leviathan's wall-time costs (Table 4) do not reproduce Table 1
     lev = th.table1_rows(costs=th.LEVIATHAN_COSTS, steps=10)
     assert lev[0]["ewif"] == pytest.approx(2.389, abs=0.01)
+
+
+# -- the theory beside the measured SWI (cells.csv's swi_<table>_theory columns) ------------------------
+
+
+@pytest.mark.parametrize(("alpha", "k", "c"), [(0.3, 1, 0.1), (0.7, 4, 0.05), (0.9, 3, 0.0), (1.0, 2, 0.2)])
+def test_theory_by_position_with_equal_rates_is_the_papers_closed_form(alpha, k, c):
+    from specbench.models.costs import expected_tokens_per_step, theory_swi
+    from specbench.papers.cs_drafting.theory import ewif_speculative, expected_tokens_speculative
+
+    assert expected_tokens_per_step([alpha] * k) == pytest.approx(expected_tokens_speculative(alpha, k))
+    assert theory_swi([alpha] * k, c) == pytest.approx(ewif_speculative(alpha, k, c))
+
+
+def test_the_iid_alpha_is_the_maximum_likelihood_of_the_steps():
+    from specbench.models.costs import iid_acceptance
+
+    steps = [(3, 3), (3, 1), (3, 0), (3, 2)]  # 6 accepted, 3 first rejections (the full step had none)
+    assert iid_acceptance(steps) == pytest.approx(6 / 9)
+    alphas = np.linspace(0.05, 0.95, 181)
+    likelihood = [a**6 * (1 - a) ** 3 for a in alphas]
+    assert alphas[int(np.argmax(likelihood))] == pytest.approx(6 / 9, abs=0.005)
+
+
+def test_a_speculative_cells_theory_uses_its_rates_by_position_and_its_drafters_cost():
+    from specbench.pipeline.summary import summarise
+
+    steps = [[2, 2], [2, 1], [2, 0], [2, 2]] * 5  # position 1: 15/20 accepted; position 2: 10/15
+    rows = []
+    for i, (cell, method, drafter, forwards) in enumerate(
+        [("ar", "autoregressive", None, {"t": 40}), ("sd", "speculative", "d", {"t": 20, "d": 40})]
+    ):
+        rows.append(
+            {
+                "key": str(i), "dataset": "x", "cell": cell, "method_name": cell, "method": method,
+                "params": {"k": 2} if drafter else {}, "target": "t", "drafter": drafter,
+                "example_id": "e", "n_tokens": 40, "walltime": 1.0, "ttft": 0.1, "quality": {},
+                "steps": steps if drafter else [[0, 0]] * 40, "accepted_by_position": [],
+                "first_divergence": None, "prompt_tokens": 5,
+                "forwards": {m: {"forward_passes": n, "seconds": 0.4} for m, n in forwards.items()},
+                "costs": {"ms": {"t": 1.0, "d": 0.1}, "pw": {"t": 1.0, "d": 0.2}},
+            }
+        )  # fmt: skip
+    sd = summarise(rows).set_index("cell").loc["sd"]
+    expected = 1 + 0.75 + 0.75 * (10 / 15)
+    assert sd["swi_ms_theory"] == pytest.approx(expected / (1 + 2 * 0.1))
+    assert sd["swi_pw_theory"] == pytest.approx(expected / (1 + 2 * 0.2))
+    alpha = 25 / (25 + 10)
+    assert sd["swi_ms_theory_iid"] == pytest.approx((1 + alpha + alpha**2) / 1.2)

@@ -10,3 +10,5 @@ specbench run recipes/demo.yaml --output-dir "$out/demo" --resume
 specbench run recipes/prediction/demo_float32.yaml --output-dir "$out/demo_float32" --resume
 specbench run recipes/prediction/demo_compiled.yaml --output-dir "$out/demo_compiled" --resume
 specbench run recipes/quickstart.yaml --output-dir "$out/quickstart" --resume
+# after `make drafts`, with SPECBENCH_DATA_DIR at the offline GSM8K and Spec-Bench samples: the distilled drafters' run, committed from the AMX Xeon as results/drafters/smollm2_offline_repeats
+specbench run recipes/drafters/smollm2_offline_repeats.yaml --output-dir "$out/drafters_repeats" --resume

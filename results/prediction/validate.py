@@ -173,6 +173,12 @@ CARRIED = [
         f"{LABEL}/profile_bfloat16_eager.json",
         f"{LABEL}/quickstart",
     ),
+    (
+        "Xeon with AMX -> EPYC family 26, float32 eager, distilled drafters",
+        "../drafters/smollm2_offline_repeats",
+        f"{LABEL}/profile_float32_drafters.json",
+        f"{LABEL}/drafters_repeats",
+    ),
     # the roofline of this CPU's measured bandwidth and peak (probe --roofline), passes only
     (
         "roofline of this EPYC vs run, bf16 eager",

@@ -13,7 +13,6 @@ from rich.text import Text
 
 from specbench.errors import SpecbenchError
 from specbench.models.machine import LOADED
-from specbench.pipeline import prediction
 from specbench.pipeline.environment import machines_of, read_environment
 from specbench.pipeline.results import CELLS, CELLS_SHA, cells_edited, read_examples
 
@@ -60,24 +59,40 @@ def load_cells(results: Path) -> pd.DataFrame:
     """cells.csv of one run directory, or of every run directory below ``results``."""
     frames = []
     for path in (directory / CELLS for directory in run_directories(results)):
-        frame = _with_predictions(read_cells_csv(path), path.parent)
+        frame = _with_derived(read_cells_csv(path), path.parent)
         frame.insert(0, "run", path.parent.name)
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)
 
 
-def _with_predictions(frame: pd.DataFrame, run_dir: Path) -> pd.DataFrame:
-    """A cells.csv written before cells carried predictions gets them from its rows (nothing is
-    written: the run's files stay as they were)."""
+# columns cells.csv gained after runs were committed: a report computes them from the run's rows
+DERIVED = (
+    "tokens_per_s_predicted",
+    "speedup_predicted",
+    "speedup_prediction_error",
+    "swi_ms_theory",
+    "swi_ms_theory_iid",
+    "swi_pw_theory",
+    "swi_pw_theory_iid",
+)
+
+
+def _with_derived(frame: pd.DataFrame, run_dir: Path) -> pd.DataFrame:
+    """A cells.csv written before it carried predictions and theory gets them from the run's rows
+    (nothing is written: the run's files stay as they were)."""
     if "speedup_predicted" in frame.columns or not (run_dir / "examples.jsonl").is_file():
         return frame
+    from specbench.pipeline.summary import summarise
+
     machine = (read_environment(run_dir).get("machine") or {}).get("id", "")
-    predicted = prediction.held_out_columns(read_examples(run_dir), lambda r: r.get("machine") or machine)
+    derived = summarise(read_examples(run_dir), machine)
+    columns = [c for c in DERIVED if c in derived.columns and c not in frame.columns]
+    derived = derived[["dataset", "cell", "machine", *columns]]
     if "machine" not in frame.columns:  # files from before rows named a machine: one machine
-        predicted = predicted.drop(columns="machine").drop_duplicates(["dataset", "cell"])
-        return frame.merge(predicted, on=["dataset", "cell"], how="left")
+        derived = derived.drop(columns="machine").drop_duplicates(["dataset", "cell"])
+        return frame.merge(derived, on=["dataset", "cell"], how="left")
     frame = frame.assign(machine=frame["machine"].fillna("").astype(str))
-    return frame.merge(predicted, on=["dataset", "cell", "machine"], how="left")
+    return frame.merge(derived, on=["dataset", "cell", "machine"], how="left")
 
 
 # the columns the default table reads (the paper views check their own)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from specbench.models.costs import swi, weighted_passes
+from specbench.models.costs import iid_acceptance, swi, theory_swi, weighted_passes
 from specbench.pipeline import prediction
 from specbench.pipeline.results import CELLS, CELLS_SHA, text_checksum, write_atomic
 from specbench.pipeline.statistics import (
@@ -125,6 +125,9 @@ def summarise_cell(rows: list[dict]) -> dict:
     out["lossless_mismatches"] = classes.count("mismatch")
     out.update(_timing(rows))
     out.update(_acceptance(steps))
+    k = first["params"].get("k")
+    if first["method"] == "speculative" and isinstance(k, int) and drafters:
+        out.update(_theory(steps, k, first["costs"], target, drafters[0]))
     out["bootstrap_seed"] = BOOTSTRAP_SEED
     out["bootstrap_resamples"] = BOOTSTRAP_RESAMPLES
     return out
@@ -195,6 +198,27 @@ def _acceptance(steps: list) -> dict:
         "acceptance_marginal": _json_rates(marginal),
         "acceptance_conditional": _json_rates(conditional),
     }
+
+
+def _theory(steps: list, k: int, costs: dict, target: str, drafter: str) -> dict:
+    """The SWI that speculative decoding's theory expects from this cell's measured acceptance and
+    cost tables, beside the measured one (costs.theory_swi): ``swi_<table>_theory`` from the rates by
+    position (chance that draft j is accepted once the j-1 before it were), and
+    ``swi_<table>_theory_iid`` from one i.i.d. alpha fitted to the same steps, the papers' assumption."""
+    _, conditional = acceptance_rates(position_counts(steps))
+    by_position = [0.0 if math.isnan(rate) else rate for rate in conditional[:k]]
+    by_position += [0.0] * (k - len(by_position))
+    alpha = iid_acceptance(steps)
+    out = {}
+    for table in ("ms", "pw"):
+        target_cost, drafter_cost = costs[table].get(target), costs[table].get(drafter)
+        if not target_cost or drafter_cost is None:
+            out[f"swi_{table}_theory"] = out[f"swi_{table}_theory_iid"] = math.nan
+            continue
+        c = drafter_cost / target_cost
+        out[f"swi_{table}_theory"] = theory_swi(by_position, c)
+        out[f"swi_{table}_theory_iid"] = theory_swi([alpha] * k, c) if not math.isnan(alpha) else math.nan
+    return out
 
 
 def _json_rates(rates: list[float]) -> str:

@@ -153,8 +153,10 @@ def table2(runs: list[Run]) -> tuple[list[View], list[dict]]:
         for column, metric in (("MS", "swi_ms"), ("PW", "swi_pw")):
             top = best(mine, metric)
             theirs = table5.get(column.lower())
+            theory = top.get(f"{metric}_theory") if top else None
             row |= {
                 f"{column} ours": num(top[metric]) if top else MISSING,
+                f"{column} theory": num(theory) if theory is not None and theory == theory else MISSING,
                 f"{column} paper": num(paper[column.lower()]),
                 f"{column} setting ours": setting(method, top["parsed"]) if top else MISSING,
                 f"{column} setting paper": paper_setting(theirs) if theirs else MISSING,
@@ -172,6 +174,11 @@ def table2(runs: list[Run]) -> tuple[list[View], list[dict]]:
         "ours = the best of this run's cells of the same dataset, algorithm and drafters, chosen per column "
         "(highest SWI under MS, and separately under PW), as the paper tuned each column; — = no such cell.",
         "Settings: k11, k12 budgets at the target's review, k22 at M_d1's, l lenience (cumulative, Table 5).",
+        "theory = what speculative decoding's analysis (Leviathan et al. 2023, Theorem 3.8; Chen et al., "
+        "Corollary 4.2) expects of our cell from its measured acceptance by draft position and the cost "
+        "table: E[tokens per step] / (1 + k c); SD cells only (the cascades' Theorems 4.3 and 4.5 are not "
+        "evaluated per cell yet). It assumes k drafts every step: a statistical drafter that finds no "
+        "match drafts fewer, and then the theory is above ours.",
         REFERENCE_AGREEMENT,
     ]
     return [View("CS Drafting Table 2 (FLAN-T5; SWI): ours | paper", rows, notes)], tidy
