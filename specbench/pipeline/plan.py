@@ -170,14 +170,14 @@ def build_plan(
 ) -> dict:
     """The plan of ``recipe`` on ``hardware`` (module docstring); a recipe that cannot fit raises.
     ``limit``: at most that many examples per dataset, as ``specbench run --limit``."""
-    previous = read_previous(output_dir)
-    datasets = dataset_shapes(recipe, previous, limit)
-    sequence = max(d["prompt_tokens"] + d["tokens_per_row"] for d in datasets)
-    gpu_planned = hardware.gpus > 0
     import torch
 
     from specbench.models.devices import dtype_choice
 
+    previous = read_previous(output_dir)
+    datasets = dataset_shapes(recipe, previous, limit)
+    sequence = max(d["prompt_tokens"] + d["tokens_per_row"] for d in datasets)
+    gpu_planned = hardware.gpus > 0
     dtypes = {}
     for name, spec in recipe.models.items():
         dtype = spec.dtype
@@ -203,12 +203,9 @@ def build_plan(
             if m["footprint_bytes"] or facts[m["name"]].shares
         ]
         placed = placement.place_or_explain(demands, hardware, recipe.path, {m["name"]: m for m in models})
-    measured = dict(probed or {})
-    sources_of = {name: "--probe" for name in measured}
-    for name, (ms, where) in profiled_times(recipe, profile, sequence // 2).items():
-        if name not in measured:
-            measured[name], sources_of[name] = ms, where
-    times = pass_times(recipe, facts, placed, hardware, pass_ms or {}, measured, previous, sources_of)
+    timed = profiled_times(recipe, profile, sequence // 2)  # --probe's times come first
+    timed |= {name: (ms, "--probe") for name, ms in (probed or {}).items()}
+    times = pass_times(recipe, facts, placed, hardware, pass_ms or {}, timed, previous)
     for model in models:
         model["pass_ms"], model["pass_ms_source"] = times[model["name"]]
     cells = cell_bills(recipe, datasets, times, previous, acceptance)
@@ -310,10 +307,9 @@ def profiled_times(recipe, profile: dict | None, context: int) -> dict[str, tupl
     return times
 
 
-def pass_times(
-    recipe, facts, placed, hardware, given, probed, previous, probed_from=None
-) -> dict[str, tuple[float, str]]:
-    """(ms per forward pass, where the number comes from) for every recipe model."""
+def pass_times(recipe, facts, placed, hardware, given, timed, previous) -> dict[str, tuple[float, str]]:
+    """(ms per forward pass, where the number comes from) for every recipe model; ``timed``: the
+    (ms, where from) of the models timed before planning (--probe, a cost profile)."""
     on_gpu = set()
     for gpu in placed["gpus"] if placed else ():
         on_gpu |= {entry["name"] for entry in gpu["models"]}
@@ -323,8 +319,8 @@ def pass_times(
         fact = facts[name]
         if name in given:
             times[name] = (given[name], "--pass-ms")
-        elif name in probed:
-            times[name] = (probed[name], (probed_from or {}).get(name, "--probe"))
+        elif name in timed:
+            times[name] = timed[name]
         elif name in measured:
             times[name] = (measured[name], "previous run (seconds / forward passes)")
         elif fact.shares is not None:

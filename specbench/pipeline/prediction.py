@@ -252,13 +252,13 @@ def predict_run(
     """Every cell of the run at ``run_dir`` predicted under ``profile``: each row's models' passes costed
     by the profile, plus its loop overhead as measured (``loop``; default: with a probe's profile, not
     with a roofline, which predicts what the device bounds: a host's Python is not the device's)."""
-    import json
     from pathlib import Path
 
+    from specbench.pipeline.environment import read_environment
     from specbench.pipeline.results import read_examples
 
     run_dir = Path(run_dir)
-    environment = json.loads((run_dir / "environment.json").read_text())
+    environment = read_environment(run_dir)
     costs = run_costs(run_dir, environment, profile, dtype, roofline)
     rows = [r for r in read_examples(run_dir) if timed(r)]
     machine = (environment.get("machine") or {}).get("id", "")

@@ -58,11 +58,9 @@ def render(
         raise SpecbenchError(str(run_dir), "no timed rows to predict", "run the recipe first")
     table = table[COLUMNS + ["method", "walltime_error", "speedup_error"]].copy()
     if against is not None:
-        there = prediction.cell_predictions(
-            [r for r in read_examples(Path(against)) if prediction.timed(r)],
-            {r["key"]: r["walltime"] for r in read_examples(Path(against))},
-            lambda r: "",
-        ).set_index(["dataset", "cell"])
+        rows_there = [r for r in read_examples(Path(against)) if prediction.timed(r)]
+        measured = {r["key"]: r["walltime"] for r in rows_there}  # "predicted" = measured: its speedups
+        there = prediction.cell_predictions(rows_there, measured, lambda r: "").set_index(["dataset", "cell"])
         table["speedup_there"] = [
             there["speedup"].get((r.dataset, r.cell), math.nan) for r in table.itertuples()
         ]
