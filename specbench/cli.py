@@ -672,16 +672,22 @@ def plot(
         help="acceptance: acceptance rate by draft position (CS Drafting Fig. 2); curves: quality vs "
         "relative latency per cascade and α, curves.csv, cascades_table2.csv and Pareto PNGs "
         "(Speculative Cascades Figs. 2-3, Table 2); specdecpp: discard/verification rates, the "
-        "t_draft/t_target regression CSVs and the Figure 4 PNG (SpecDec++); all: every one that applies.",
+        "t_draft/t_target regression CSVs and the Figure 4 PNG (SpecDec++); load: speculation's speedup "
+        "over the same engine's AR by concurrency, from `specbench load`'s load.csv; all: every one that "
+        "applies.",
     ),
 ):
     """Figures of a run, written as CSV + PNG into RESULTS (see --figure)."""
     from specbench.pipeline.plots import write_acceptance_plot
 
-    figures = ("acceptance", "curves", "specdecpp", "all")
+    figures = ("acceptance", "curves", "specdecpp", "load", "all")
     if figure not in figures:
         raise SpecbenchError("--figure", f"unknown figure {figure!r}", f"use one of {', '.join(figures)}")
     writers = {"acceptance": lambda r: list(write_acceptance_plot(r))}
+    if figure in ("load", "all"):
+        from specbench.pipeline.plots import write_load_plot
+
+        writers["load"] = write_load_plot
     if figure in ("curves", "all"):
         from specbench.papers.spec_cascades.curves import write_curves
 
@@ -701,6 +707,34 @@ def plot(
             err.print(f"skipped {name}: {error}", highlight=False, soft_wrap=True)
             continue
         err.print("wrote " + ", ".join(str(p) for p in paths), highlight=False, soft_wrap=True)
+
+
+@app.command()
+@user_errors
+def load(
+    recipe: Path = typer.Argument(
+        ..., help="Recipe YAML with a load: section and methods whose target runs on a serving engine."
+    ),
+    output_dir: Path = typer.Option(..., "--output-dir", "-o", help="Where load.csv goes."),
+    resume: bool = typer.Option(False, "--resume", help="Measure only the levels load.csv does not hold."),
+):
+    """Engine cells under load: each cell's engine served on 127.0.0.1 (vllm serve on a free port),
+    driven by an async streaming client at every concurrency of the recipe's load: section; per level
+    throughput, TTFT/TPOT/end-to-end p50/p90/p99, goodput under the SLO, acceptance from the server's
+    counters, and the speedup over the same engine's AR cell at the same load, into OUTPUT_DIR/load.csv.
+    The server is always stopped, on errors and Ctrl-C too. Plot: `specbench plot DIR --figure load`."""
+    from specbench.pipeline.load_run import load_table, run_load
+    from specbench.recipe import load_recipe
+    from specbench.tasks import TASKS
+
+    spec = load_recipe(recipe, known_tasks=TASKS)
+    out = run_load(spec, output_dir, err, resume)
+    from specbench.engines.load import read_load
+
+    console = Console()
+    if not console.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
+        console = Console(width=220)
+    console.print(load_table(read_load(out), f"{spec.name} under load ({out})"))
 
 
 theory_app = typer.Typer(help="Expected walltime improvement (EWIF) from the CS Drafting theory (Section 4).")

@@ -121,9 +121,12 @@ class ModelSpec(_Strict):
     dtype: Literal["float32", "float64", "bfloat16", "float16", "auto"] = "auto"
     device: str = "auto"
     revision: str | None = None
-    # eager Hugging Face passes, or specbench.models.compiled (static cache + compiled fixed shapes);
-    # unset: the recipe's engine. Statistical drafters have none.
-    engine: Literal["eager", "compiled"] | None = None
+    # eager Hugging Face passes, or specbench.models.compiled (static cache + compiled fixed shapes),
+    # or a serving engine (specbench.engines: vllm); unset: the recipe's engine. Statistical drafters
+    # have none.
+    engine: Literal["eager", "compiled", "vllm"] | None = None
+    # a serving engine's own settings (specbench.engines.<engine>.OPTIONS), checked when read
+    engine_options: dict[str, Any] = Field(default_factory=dict)
     # passed to the loader; each kind of source in specbench.sources declares the options it takes
     options: dict[str, Any] = Field(default_factory=dict)
     cost: CostSpec | None = None
@@ -182,6 +185,19 @@ class GenerationSpec(_Strict):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
 
 
+class LoadSpec(_Strict):
+    """``specbench load``: the recipe's engine cells served on 127.0.0.1 and driven at each concurrency
+    (specbench.engines.load)."""
+
+    concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = Field(min_length=1)
+    # requests per level; None: max(8, 2 x concurrency)
+    requests: int | None = Field(default=None, ge=1, le=1_000_000)
+    # the service-level objective goodput counts requests against
+    slo_ttft_s: float = Field(default=2.0, gt=0)
+    slo_tpot_s: float = Field(default=0.2, gt=0)
+    timeout_s: float = Field(default=600.0, gt=0)  # one request's limit
+
+
 class MethodSpec(_Strict):
     name: Name
     method: str
@@ -220,6 +236,8 @@ class Recipe(_Strict):
     # a run directory records, so a resume with another count is refused like another machine
     threads: int | None = Field(default=None, ge=1, le=4096)
     generation: GenerationSpec = Field(default_factory=GenerationSpec)
+    # engine cells under load (specbench load RECIPE); ignored by specbench run
+    load: LoadSpec | None = None
     models: dict[str, ModelSpec] = Field(min_length=1)
     datasets: list[DatasetSpec] = Field(min_length=1)
     methods: list[MethodSpec] = Field(min_length=1)
@@ -236,6 +254,24 @@ class Recipe(_Strict):
         if not _source(self.models[name].source).neural:
             return "eager"
         return self.models[name].engine or self.engine
+
+    def reference_model(self, name: str) -> str:
+        """The model whose autoregressive output checks ``name``'s lossless cells: itself, or for a model
+        on a serving engine the recipe's model of the same weights (source, revision, dtype, options)
+        that specbench runs itself and decodes autoregressively, when there is one."""
+        from specbench.engines import ENGINE_NAMES
+
+        spec = self.models[name]
+        if spec.engine not in ENGINE_NAMES:
+            return name
+        same = (spec.source, spec.revision, self.dtype_of(name), spec.options)
+        for other, model in self.models.items():
+            weights = (model.source, model.revision, self.dtype_of(other), model.options)
+            if model.engine in ENGINE_NAMES or weights != same:
+                continue
+            if any(m.method == "autoregressive" and m.target == other for m in self.methods):
+                return other
+        return name
 
     def dtype_of(self, name: str) -> str | None:
         """The dtype model ``name`` loads in on this machine (``auto`` resolved, without loading it);
@@ -274,10 +310,12 @@ class Recipe(_Strict):
     def identity(self) -> str:
         """A digest of the experiment this recipe defines, which a run directory records: the fields
         as written (defaults left out, so a field added to the schema later changes no digest), less
-        its name, description, threads and schedule (they change no row), with data files by name
+        its name, description, threads, schedule and load (they change no row), with data files by name
         (a checkout elsewhere names them by another path; their content is in the rows' keys)."""
         data = self.model_dump(
-            mode="json", exclude_defaults=True, exclude={"name", "description", "threads", "schedule"}
+            mode="json",
+            exclude_defaults=True,
+            exclude={"name", "description", "threads", "schedule", "load"},
         )
         for dataset in data.get("datasets", []):
             if dataset.get("data_files"):
@@ -360,6 +398,8 @@ def _model_payload(recipe: Recipe, name: str) -> dict:
     spec = recipe.models[name]
     payload = spec.model_dump(mode="json")
     del payload["engine"]
+    if not payload["engine_options"]:  # recipes from before engines keep their fingerprints
+        del payload["engine_options"]
     if recipe.engine_of(name) != "eager":
         payload["engine"] = recipe.engine_of(name)
     if spec.dtype == "auto" and _source(spec.source).dtype_rule is not None:
@@ -509,6 +549,72 @@ def _check_options(path: Path, name: str, model: ModelSpec) -> None:
             f"source {model.source!r} has no revisions (one fixed set of weights)",
             "remove revision (it applies to Hub models)",
         )
+    _check_engine_options(path, name, model)
+
+
+def _check_engine_options(path: Path, name: str, model: ModelSpec) -> None:
+    """A serving engine's options are its backend's (specbench.engines), and only it takes them."""
+    from specbench import engines
+
+    if model.engine not in engines.ENGINE_NAMES:
+        if model.engine_options:
+            raise SpecbenchError(
+                f"{path}: models.{name}.engine_options",
+                f"engine options apply to a serving engine ({', '.join(engines.ENGINE_NAMES)}), and this "
+                f"model runs on {model.engine or 'the recipe engine'}",
+                "remove engine_options, or set engine: vllm on this model",
+            )
+        return
+    if _source(model.source).heads:
+        raise SpecbenchError(
+            f"{path}: models.{name}.engine",
+            f"{model.source} is a set of heads; an engine loads them with its target",
+            "remove engine from the heads",
+        )
+    problem = engines.option_problem(model.engine, model.engine_options)
+    if problem:
+        option, text, fix = problem
+        raise SpecbenchError(f"{path}: models.{name}.engine_options.{option}", text, fix)
+
+
+def _check_engine_cells(recipe: Recipe, spec: MethodSpec, where: str) -> None:
+    """A cell on an engine target must map to the engine's own decoding (its backend says how), and
+    an engine model is only ever a target: its drafter runs inside the same engine."""
+    from specbench import engines
+
+    for name in [spec.drafter, *(spec.drafters or [])]:
+        if name is not None and recipe.models[name].engine in engines.ENGINE_NAMES:
+            raise SpecbenchError(
+                f"{where}.drafter",
+                f"{name!r} runs on {recipe.models[name].engine}; a drafter runs in its target's engine",
+                f"remove engine from models.{name} (the target's engine loads it)",
+            )
+    engine = recipe.models[spec.target].engine
+    if engine not in engines.ENGINE_NAMES:
+        return
+    for cell in recipe.cells():
+        if cell.method_name != spec.name:
+            continue
+        _, problem = engines.BACKENDS[engine].speculation(engine_cell_view(recipe, cell))
+        if problem:
+            field, text, fix = problem
+            raise SpecbenchError(f"{where}.{field}", f"{spec.target!r} runs on {engine}: {text}", fix)
+
+
+def engine_cell_view(recipe: Recipe, cell: Cell):
+    """What an engine backend reads of ``cell`` to map it onto its own decoding."""
+    from specbench.engines import CellView
+
+    drafter = cell.drafter
+    spec = recipe.models[drafter] if drafter else None
+    return CellView(
+        cell.method,
+        dict(cell.params),
+        drafter,
+        _source(spec.source).kind if spec else None,
+        dict(spec.options) if spec else {},
+        recipe.generation.temperature == 0,
+    )
 
 
 def _check_every_model_is_used(recipe: Recipe, path: Path) -> None:
@@ -560,6 +666,7 @@ def _check_method(recipe: Recipe, index: int, spec: MethodSpec, where: str) -> N
     info = METHODS[spec.method]
     _check_roles(recipe, spec, info, where)
     _check_params(spec, info, where, recipe.generation)
+    _check_engine_cells(recipe, spec, where)
     if info.needs_reference and not any(
         o.method == "autoregressive" and o.target == spec.target for o in recipe.methods
     ):

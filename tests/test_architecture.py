@@ -10,11 +10,23 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "specbench"
 # The interfaces at the top; everything else lives in a package named after its role.
 INTERFACES = {"__init__", "cli", "errors", "methods", "recipe"}
-PACKAGES = {"data", "decoding", "drafters", "models", "papers", "pipeline", "sources", "tasks", "training"}
+PACKAGES = {
+    "data",
+    "decoding",
+    "drafters",
+    "engines",
+    "models",
+    "papers",
+    "pipeline",
+    "sources",
+    "tasks",
+    "training",
+}
 # The rooms from the bottom up: a module imports from its own layer or the ones below, never above.
 # models: the model interface (a pass, a draft, sampling), its engines, devices, the cache, cost tables;
 # drafters and tasks build on it; sources turn a recipe's source: into a model or drafter; decoding
-# implements the methods the methods registry collects; training makes drafters and heads from sources
+# implements the methods the methods registry collects; engines run a cell inside a serving engine
+# (vLLM) and account for it in the methods' terms; training makes drafters and heads from sources
 # and tasks; pipeline runs recipes; papers render the papers' tables; cli is the user's entry.
 LAYERS = (
     {"specbench", "errors"},
@@ -22,6 +34,7 @@ LAYERS = (
     {"drafters", "tasks"},
     {"sources"},
     {"methods", "decoding"},
+    {"engines"},
     {"recipe"},
     {"training"},
     {"pipeline"},

@@ -29,6 +29,9 @@ class Generation:
     stopped_by_eos: bool = False
     inner_steps: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     deferrals: int | None = None
+    # a serving engine's own record of the request (specbench.engines): version, settings, its
+    # acceptance figures under its own names, inter-token latencies; None for specbench's loops
+    engine_record: dict | None = None
 
     @property
     def accepted_per_step(self) -> float:

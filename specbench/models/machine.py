@@ -203,6 +203,27 @@ class CpuTimes:
     at: float
 
 
+def group_cpu_seconds(groups) -> float:
+    """CPU seconds used so far by the live processes of the given process groups (Linux; 0 elsewhere)."""
+    groups, total = set(groups), 0.0
+    if not groups:
+        return 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) in groups:  # after the name: state, ppid, pgrp, ..., utime (11), stime (12)
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 def cpu_times() -> CpuTimes | None:
     """Now, from /proc/stat (Linux); None elsewhere."""
     import resource
@@ -224,11 +245,14 @@ def cpu_times() -> CpuTimes | None:
     return CpuTimes((user + nice + system + irq + softirq + steal) / tick, own, time.monotonic())
 
 
-def others_share(before: CpuTimes | None, after: CpuTimes | None, cores: int | None = None) -> float | None:
+def others_share(
+    before: CpuTimes | None, after: CpuTimes | None, cores: int | None = None, also_own: float = 0.0
+) -> float | None:
     """The share of all cores' time between two snapshots that other processes (and the hypervisor's
-    steal) used: 0 on a quiet machine; 0.5 on 2 cores means one core's worth went elsewhere."""
+    steal) used: 0 on a quiet machine; 0.5 on 2 cores means one core's worth went elsewhere.
+    ``also_own``: CPU seconds of processes that worked for us meanwhile (a serving engine's)."""
     if before is None or after is None or after.at <= before.at:
         return None
-    others = (after.busy - before.busy) - (after.own - before.own)
+    others = (after.busy - before.busy) - (after.own - before.own) - also_own
     capacity = (after.at - before.at) * (cores or os.cpu_count() or 1)
     return round(min(max(others / capacity, 0.0), 1.0), 3)

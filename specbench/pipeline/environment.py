@@ -72,12 +72,16 @@ def write_environment(
                     "source": recipe.models[name].source,
                     "origin": getattr(m, "origin", "statistical"),
                     "parameters": m.num_parameters,
-                    "dtype": str(next(m.model.parameters()).dtype) if isinstance(m, HFModel) else None,
+                    # an engine model's is the one it asked its engine for (specbench.engines)
+                    "dtype": str(next(m.model.parameters()).dtype)
+                    if isinstance(m, HFModel)
+                    else getattr(m, "serving_dtype", None),
                     "device": str(m.device) if isinstance(m, HFModel) else "cpu",
                     # accelerate's placement (module -> device) of a model loaded with device_map
                     "device_map": _device_map(m),
                     "dtype_reason": getattr(m, "dtype_reason", None),  # why dtype: auto chose it
                     "engine": recipe.engine_of(name),
+                    **({"serving": m.describe()} if hasattr(m, "describe") else {}),
                 }
                 for name, m in models.items()
             },

@@ -35,20 +35,21 @@ from rich.console import Console
 
 from specbench import sources
 from specbench.decoding.generation import Generation, first_difference
+from specbench.engines import BACKENDS, ENGINE_NAMES, EngineModel
 from specbench.errors import SpecbenchError
 from specbench.methods import METHODS, Request
 from specbench.models.cache import DISTILLED_PREFIX
 from specbench.models.compiled import CompiledHFModel
 from specbench.models.costs import cell_costs
 from specbench.models.hf import HFModel
-from specbench.models.machine import cpu_times, others_share, this_machine
+from specbench.models.machine import cpu_times, group_cpu_seconds, others_share, this_machine
 from specbench.models.replay import ReplayError, ReplayTarget
 from specbench.models.sampling import SamplingParams
 from specbench.pipeline.datasets import DatasetRun
 from specbench.pipeline.environment import gpu_sample, now, peak_memory_mb, reset_peak_memory
 from specbench.pipeline.numerics import divergence_fields
 from specbench.pipeline.rows import build_row, divergence
-from specbench.recipe import Cell, Recipe
+from specbench.recipe import Cell, Recipe, engine_cell_view
 from specbench.tasks import Example, render_turn
 
 
@@ -64,7 +65,14 @@ def model_request(recipe: Recipe, name: str) -> sources.ModelRequest:
         options["bigram"] = str(recipe.path.parent / bigram)  # a recipe's paths start at its folder
     options = tuple(sorted(options.items()))
     return sources.ModelRequest(
-        name, spec.source, spec.dtype, spec.device, spec.revision, options, recipe.engine_of(name)
+        name,
+        spec.source,
+        spec.dtype,
+        spec.device,
+        spec.revision,
+        options,
+        recipe.engine_of(name),
+        tuple(sorted(spec.engine_options.items())),
     )
 
 
@@ -122,7 +130,11 @@ class Measurer:
         if name not in self.models:
             with self.console.status(f"loading model {name} ({self.recipe.models[name].source})"):
                 with self._blame(f"models.{name}"):
-                    self.models[name] = sources.load(model_request(self.recipe, name), self.model)
+                    request = model_request(self.recipe, name)
+                    loaded = sources.load(request, self.model)
+                    if isinstance(loaded, sources.Served):  # the engine's process loads the weights
+                        loaded = BACKENDS[request.engine].open(request, loaded)
+                    self.models[name] = loaded
         return self.models[name]
 
     @contextlib.contextmanager
@@ -134,8 +146,20 @@ class Measurer:
             where = error.where if error.where.startswith(field) else f"{field} ({error.where})"
             raise SpecbenchError(f"{self.recipe.path}: {where}", error.problem, error.fix) from None
 
+    def close_engines(self) -> None:
+        """Stop the serving engines the run started (they hold memory and processes)."""
+        for model in self.models.values():
+            if isinstance(model, EngineModel):
+                model.close()
+
     def check_cell(self, cell: Cell) -> None:
-        """Load the cell's models and check each drafter's tokenizer against its target's."""
+        """Load the cell's models and check each drafter's tokenizer against its target's (and that
+        an engine target's engine is installed)."""
+        engine = self.recipe.engine_of(cell.target)
+        if engine in ENGINE_NAMES:
+            missing = BACKENDS[engine].available(self.recipe.models[cell.target].engine_options)
+            if missing:
+                raise SpecbenchError(f"{self.recipe.path}: models.{cell.target}.engine", *missing)
         target = self.model(cell.target)
         for name in drafter_names(cell):
             self._check_vocab(cell, name, target, self.model(name))
@@ -187,8 +211,9 @@ class Measurer:
     def reference_key(self, dataset: DatasetRun, cell: Cell, example: Example) -> str | None:
         """The key of the row of the (first) AR cell of ``cell``'s target on this example; None when
         the recipe has no AR cell on that target."""
+        target = self.recipe.reference_model(cell.target)
         for other in self.recipe.cells():
-            if other.method == "autoregressive" and other.target == cell.target:
+            if other.method == "autoregressive" and other.target == target:
                 return self._key(other, dataset, example)
         return None
 
@@ -199,11 +224,12 @@ class Measurer:
 
     def _checked(self, cell: Cell) -> bool:
         """Whether the cell's rows are checked token for token against the AR output."""
-        return (
-            self.recipe.lossless_check
-            and self.recipe.generation.temperature == 0
-            and METHODS[cell.method].lossless(cell.params)
-        )
+        if not (self.recipe.lossless_check and self.recipe.generation.temperature == 0):
+            return False
+        if METHODS[cell.method].lossless(cell.params):
+            return True
+        # an engine's own AR output is checked against specbench's AR of the same weights
+        return cell.method == "autoregressive" and self.recipe.reference_model(cell.target) != cell.target
 
     def needs_reference(self, cell: Cell) -> bool:
         """Whether the cell's rows read its target's AR row: replay, an oracle, the lossless check."""
@@ -228,6 +254,12 @@ class Measurer:
     def _prepare_engines(self, dataset: DatasetRun, cell: Cell, models: CellModels) -> None:
         """Compile every pass shape the cell's compiled models will run, before any timed example; the
         seconds go to the cell's next row as ``compile_s``, never into a walltime."""
+        if isinstance(models.target, EngineModel):  # a serving engine starts (and compiles) for the cell
+            spec, _ = BACKENDS[models.target.engine].speculation(engine_cell_view(self.recipe, cell))
+            with self.console.status(f"starting {models.target.engine} for {cell.id}"):
+                seconds = models.target.prepare(spec, models.drafter)
+            self.compile_pending[cell.id] = self.compile_pending.get(cell.id, 0.0) + seconds
+            return
         compiled = models.compiled()
         if not compiled or not METHODS[cell.method].runs_engine:
             return
@@ -250,9 +282,12 @@ class Measurer:
     def measure(self, dataset: DatasetRun, cell: Cell, example: Example, models: CellModels) -> dict:
         """The row of one example of a started cell."""
         check = cell.replay and example.id in {e.id for e in dataset.examples[: self.recipe.replay_check]}
-        before = cpu_times()
+        engine = models.target if isinstance(models.target, EngineModel) else None
+        before, engine_before = cpu_times(), group_cpu_seconds(engine.process_groups()) if engine else 0.0
         request, generation, replay, repeats = self._measure(dataset, cell, models, example, check)
-        others = others_share(before, cpu_times())
+        # an engine's processes work for this row: their CPU is not the others'
+        engine_cpu = group_cpu_seconds(engine.process_groups()) - engine_before if engine else 0.0
+        others = others_share(before, cpu_times(), also_own=engine_cpu)
         peak = peak_memory_mb(models.target.device)  # before the lossless check's own passes
         row = self._row(dataset, cell, example, models.target, request, generation, replay)
         if repeats:
@@ -264,7 +299,7 @@ class Measurer:
             # cores left to our threads after the others' share: < 0, our threads competed for cores
             row["cpu_headroom"] = round(self.machine.cores * (1 - others) - self.machine.threads, 2)
         row["engine"] = self.engine(cell)
-        if row["engine"] == "compiled":
+        if row["engine"] != "eager":  # compiling, or a serving engine's start (its compile included)
             row["compile_s"] = self.compile_pending.pop(cell.id, 0.0)
             cached = self.cache_pending.pop(cell.id, Counter())
             if cached:
@@ -322,7 +357,7 @@ class Measurer:
     def _generate(self, dataset, cell: Cell, target, drafter, example: Example, check: bool):
         """(request, generation, the ReplayTarget or None): one example, live or replayed; ``check``
         also runs a replayed one live and stops at the first difference."""
-        method = METHODS[cell.method].run
+        method = self._method(cell, target)
         if example.turns:
             return self._conversation(dataset, cell, target, drafter, example)
         request = self._request(target, dataset, example)
@@ -363,6 +398,14 @@ class Measurer:
                 )
         return request, generation, replay
 
+    def _method(self, cell: Cell, target):
+        """run(params, target, drafter, request): the method's own loop, or on an engine target the
+        engine's decoding that the backend mapped the cell to."""
+        if not isinstance(target, EngineModel):
+            return METHODS[cell.method].run
+        spec, _ = BACKENDS[target.engine].speculation(engine_cell_view(self.recipe, cell))
+        return lambda params, target, drafter, request: target.generate(request, spec, drafter)
+
     def _conversation(self, dataset, cell: Cell, target, drafter, example: Example):
         """A multi-turn example (Spec-Bench's MT-Bench questions): each turn after the model's own
         answers to the turns before it, all turns one row (their tokens, counts and times summed)."""
@@ -376,7 +419,7 @@ class Measurer:
         turns, answers, first = [], [], None
         for _ in range(len(example.turns) + 1):
             request = self._request(target, dataset, example, answers)
-            generation = METHODS[cell.method].run(cell.params, target, drafter, request)
+            generation = self._method(cell, target)(cell.params, target, drafter, request)
             turns.append(generation)
             answers.append(target.tokenizer.decode(generation.tokens, skip_special_tokens=True))
             first = first or request
@@ -415,14 +458,16 @@ class Measurer:
         )
         row["machine"] = self.machine.id
         if reference:  # a tie or a mismatch (numerics.py); the target's counters are left as they were
+            scorer = self.model(self.recipe.reference_model(cell.target))  # an engine's is ours
             row.update(
                 divergence_fields(
-                    target,
+                    scorer,
                     request.prompt_ids,
                     reference["output_ids"],
                     generation.tokens,
                     first,
-                    single_turn=not example.turns,
+                    # an engine without a specbench twin has no model here to tell a tie apart
+                    single_turn=not example.turns and not isinstance(scorer, EngineModel),
                 )
             )
         return row

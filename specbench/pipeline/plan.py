@@ -37,6 +37,7 @@ from pathlib import Path
 import yaml
 
 from specbench import sources
+from specbench.engines import ENGINE_NAMES
 from specbench.pipeline import placement
 from specbench.pipeline.placement import GiB
 from specbench.pipeline.results import CELLS, EXAMPLES, RESOLVED_RECIPE, read_examples
@@ -191,8 +192,10 @@ def build_plan(
             dtypes[name] = dtypes[spec.options["of"]]
     facts = {name: sources.model_facts(name, recipe.models, dtypes[name]) for name in recipe.models}
     models = []
-    for fact in facts.values():
+    for name, fact in facts.items():
         kv = fact.kv_bytes_per_token * sequence
+        if recipe.models[name].engine in ENGINE_NAMES:  # a serving engine reserves its KV cache up front
+            kv = int(recipe.models[name].engine_options.get("kv_cache_gib", 2) * 2**30)
         footprint = math.ceil((fact.weight_bytes + kv) * (1 + hardware.margin))
         models.append(fact.as_dict() | {"kv_bytes": kv, "footprint_bytes": footprint})
     placed = None

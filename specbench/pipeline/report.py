@@ -153,6 +153,12 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
             "SWI PW": format_interval(r, "swi_pw"),
             "tok/s": format_num(r["tokens_per_s"], 1) + _spread(r),
             "speedup": format_interval(r, "speedup_vs_ar", "x"),
+            # a serving engine's (or the compiled loop's) cell over specbench's eager AR, same prompts
+            **(
+                {"vs eager AR": (format_num(r.get("speedup_vs_eager_ar", math.nan)) + "x").lstrip("x")}
+                if _has_engines(cells)
+                else {}
+            ),
             # from the counts and a pass cost fitted to the other half of the examples (prediction.py)
             "pred.": format_num(r.get("speedup_predicted", math.nan)),
             "acc. len": format_num(r["acceptance_length"]),
@@ -174,6 +180,58 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
             row["machine"] = r["machine"]
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _has_engines(cells: pd.DataFrame) -> bool:
+    return "engine_acceptance_length" in cells.columns and cells["engine_name"].notna().any()
+
+
+def engines_note(cells: pd.DataFrame) -> str:
+    """Why an engine's acceptance length differs from ours: per engine cell that drafted, ours (tokens
+    per target pass, every pass counted, the prefill included) beside the engine's own figure, and the
+    specbench cell with the same method, drafter and draft length on the same dataset."""
+    if not _has_engines(cells):
+        return ""
+    lines = []
+    for r in cells[cells["engine_name"].notna()].to_dict("records"):
+        if not (r.get("engine_acceptance_length") == r.get("engine_acceptance_length")):  # NaN: no drafts
+            continue
+        rejection = r.get("engine_rejection") or "n/a"
+        line = (
+            f"{r['dataset']} {r['cell']} ({r['engine_name']}, {rejection} rejection): "
+            f"{r['acceptance_length']:.2f} tokens per target pass as we count them; the engine reports "
+            f"{r['engine_acceptance_length']:.2f} = 1 + accepted / drafts, over the "
+            f"{100 * r['engine_drafting_share']:.0f}% of passes that drafted"
+        )
+        same = cells[
+            (cells["dataset"] == r["dataset"])
+            & (cells["engine_name"].isna())
+            & (cells["method"] == r["method"])
+            & (cells["drafter"] == r["drafter"])
+            & (cells["params"] == r["params"])
+        ]
+        for other in same.to_dict("records"):
+            gap = r["acceptance_length"] / other["acceptance_length"] - 1
+            ours = f"{other['acceptance_length']:.2f} ({gap:+.1%})"
+            line += f"; {other['cell']} (ours, same drafter and k): {ours}"
+        parted = int(r.get("lossless_checked", 0)) - int(r.get("lossless_identical", 0))
+        if parted:
+            line += (
+                f"; its output parts from our AR on {parted} of {int(r['lossless_checked'])} prompts "
+                f"({int(r.get('lossless_ties', 0))} numerical ties), so its drafts met other text there"
+            )
+        lines.append(line)
+    if not lines:
+        return ""
+    return (
+        "engines' acceptance: "
+        + " | ".join(lines)
+        + ". The engine's figure leaves out the passes that drafted nothing (the prefill; n-gram steps "
+        "with no match), so it is the larger; ours counts every pass, as the papers' tokens per step do. "
+        "Against our cell: both count the prefill as a target pass, but our loops also verify a first draft "
+        "inside it, while vLLM drafts from its second pass on, so wherever that first draft is accepted vLLM "
+        "needs one pass more."
+    )
 
 
 def _spread(record: dict) -> str:
@@ -283,7 +341,7 @@ def render(results: Path, fmt: str = "table", console: Console | None = None) ->
         "to the other half of the examples (specbench predict RUN shows its error)." + _bootstrap_note(cells)
     )
     lines = [measured_on(directory) for directory in run_directories(results)]
-    lines += [line for line in (loaded_note(cells), note) if line]
+    lines += [line for line in (loaded_note(cells), engines_note(cells), note) if line]
     return emit(frame, list(_by_dataset(frame)), fmt, "\n".join(lines), console, captions(cells))
 
 

@@ -97,10 +97,13 @@ class Runner(Measurer):
         self._whole_recipe = plan is None  # a tune's round runs part of its recipe on purpose
         if plan is None:
             plan = [(dataset, recipe.cells()) for dataset in self.datasets()]
-        # AR first: the lossless check's reference, and what replayed cells replay
-        plan = [
-            (dataset, sorted(cells, key=lambda c: c.method != "autoregressive")) for dataset, cells in plan
-        ]
+
+        # AR first, specbench's own before an engine's: the lossless check's reference, and what
+        # replayed cells replay
+        def order(cell: Cell) -> tuple[bool, bool]:
+            return cell.method != "autoregressive", recipe.reference_model(cell.target) != cell.target
+
+        plan = [(dataset, sorted(cells, key=order)) for dataset, cells in plan]
         try:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             lock = RunLock(self.output_dir)
@@ -113,6 +116,7 @@ class Runner(Measurer):
         try:
             return self._run_locked(plan)
         finally:
+            self.close_engines()
             lock.release()
 
     def _run_locked(self, plan: list[tuple[DatasetRun, list[Cell]]]) -> Path:

@@ -128,9 +128,30 @@ def summarise_cell(rows: list[dict]) -> dict:
     k = first["params"].get("k")
     if first["method"] == "speculative" and isinstance(k, int) and drafters:
         out.update(_theory(steps, k, first["costs"], target, drafters[0]))
+    out.update(_engine_figures(rows))
     out["bootstrap_seed"] = BOOTSTRAP_SEED
     out["bootstrap_resamples"] = BOOTSTRAP_RESAMPLES
     return out
+
+
+def _engine_figures(rows: list[dict]) -> dict:
+    """A serving engine's cell: its name and version, its own acceptance length over its counters
+    (vLLM: 1 + accepted / drafts, over the steps that drafted only), the share of target passes that
+    drafted, and the mean time per output token after the first (TPOT)."""
+    records = [r["engine_record"] for r in rows if r.get("engine_record")]
+    if not records:
+        return {}
+    name = records[0]["engine"]
+    drafts = sum(r.get(f"{name}_num_drafts", 0) for r in records)
+    accepted = sum(r.get(f"{name}_num_accepted_tokens", 0) for r in records)
+    passes = sum(len(r["steps"]) for r in rows)
+    return {
+        "engine_name": f"{name} {records[0].get('version')}",
+        "engine_acceptance_length": 1 + accepted / drafts if drafts else math.nan,
+        "engine_drafting_share": drafts / passes if passes else math.nan,
+        "engine_rejection": records[0].get("rejection_sample_method") or "",
+        "tpot_mean_s": _mean([r.get("tpot", math.nan) for r in records]),
+    }
 
 
 def _timing(rows: list[dict]) -> dict:
@@ -248,6 +269,15 @@ def summarise(rows: list[dict], machine: str | None = None) -> pd.DataFrame:
     ar_cells = table[table["method"] == "autoregressive"].set_index(["dataset", "target", "machine"])
     table["speedup_vs_ar"] = [
         row.tokens_per_s / ar_cells["tokens_per_s"].get((row.dataset, row.target, row.machine), math.nan)
+        for row in table.itertuples()
+    ]
+    # an engine's or the compiled loop's cells beside specbench's eager AR of the same dataset
+    eager_ar = table[(table["method"] == "autoregressive") & (table["engine"] == "eager")]
+    eager_ar = eager_ar.drop_duplicates(["dataset", "machine"], keep=False).set_index(["dataset", "machine"])
+    table["speedup_vs_eager_ar"] = [
+        row.tokens_per_s / eager_ar["tokens_per_s"].get((row.dataset, row.machine), math.nan)
+        if row.engine != "eager"
+        else math.nan
         for row in table.itertuples()
     ]
     intervals = _speedup_intervals(list(groups.values()), machine)

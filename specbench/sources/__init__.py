@@ -39,7 +39,9 @@ class ModelRequest:
     device: str = "auto"
     revision: str | None = None
     options: tuple = ()  # sorted (key, value) pairs
-    engine: str = "eager"  # or "compiled" (specbench.models.compiled)
+    # or "compiled" (specbench.models.compiled), or a serving engine (specbench.engines)
+    engine: str = "eager"
+    engine_options: tuple = ()  # sorted (key, value) pairs of a serving engine's options
 
     @property
     def opts(self) -> dict:
@@ -88,6 +90,17 @@ class Weights:
     module: Any
     tokenizer: Any
     origin: str  # where the weights came from, recorded in environment.json
+
+
+@dataclass(frozen=True)
+class Served:
+    """Weights for a serving engine (``engine: vllm``): what :mod:`specbench.engines` opens the engine
+    with, the dtype and device resolved as for any model."""
+
+    weights: Weights
+    dtype: str
+    device: Any
+    dtype_reason: str
 
 
 # (option, problem, fix) or None
@@ -235,6 +248,9 @@ def load(request: ModelRequest, resolve=None):
         if "alloc" not in str(error).lower() and "out of memory" not in str(error).lower():
             raise
         raise _out_of_memory(request, error) from None
+    if isinstance(loaded, Weights) and request.engine not in ("eager", "compiled"):
+        # a serving engine loads the weights itself, from where these came (specbench.engines opens it)
+        return Served(loaded, dtype_name, context.device, dtype_reason)
     if isinstance(loaded, Weights):
         placed = any(name in request.opts for name in ("device_map", "quantization"))  # by accelerate
         module = loaded.module if placed else loaded.module.to(context.device)

@@ -1,0 +1,149 @@
+"""Serving engines as backends: a recipe model with ``engine: vllm`` runs its cells inside that engine.
+
+Every module of this package that wraps an engine declares it as a module-level
+``BACKEND = Backend(...)``: the options it passes through (``engine_options:`` on the model, validated
+when the recipe is read), how it maps a cell (method, parameters, drafter) to its own speculative
+settings or refuses it, and how it opens the engine. :data:`BACKENDS` collects them on first use, so
+a second engine (SGLang's offline ``Engine``) is one more module beside :mod:`specbench.engines.vllm`.
+
+An engine model stands where an :class:`~specbench.models.hf.HFModel` target stands in a cell: it has
+the tokenizer, device and EOS ids a request is built from, and ``generate`` returns a
+:class:`~specbench.decoding.generation.Generation` whose steps and counts come from the engine's
+counters (:mod:`specbench.engines.accounting`), so engine rows land in the same schema, the same
+lossless audit and the same report as specbench's own loops.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from specbench.methods import ParamSpec
+
+# (field, problem, fix) or None
+Problem = tuple[str, str, str] | None
+
+
+@dataclass(frozen=True)
+class CellView:
+    """What a backend sees of a cell when it maps it: the method, its parameters, and its drafter's
+    source kind and options (None without a drafter)."""
+
+    method: str
+    params: dict
+    drafter: str | None
+    drafter_kind: str | None
+    drafter_options: dict
+    greedy: bool
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    help: str
+    options: Mapping[str, ParamSpec]
+    # speculation(cell) -> (the engine's speculative settings as a JSON-able dict, or None for plain
+    # decoding; or raises nothing and returns a Problem naming the method field that cannot map)
+    speculation: Callable[[CellView], tuple[dict | None, Problem]]
+    # open(ModelRequest, sources.Served) -> the engine model (a cell's target)
+    open: Callable[..., Any]
+    # None when the engine can run here, else (problem, fix): checked before the first row
+    available: Callable[[dict], tuple[str, str] | None]
+    # serve(target, speculative settings, drafter, port) -> (command, environment) of the engine's
+    # HTTP server for load (specbench.engines.load); None: the engine has no server here
+    serve: Callable[..., tuple[list[str], dict]] | None = None
+
+
+class EngineModel:
+    """A recipe model served by an engine (a cell's target): the tokenizer, device and EOS ids a
+    request is built from, and the engine's decoding behind ``prepare`` and ``generate``."""
+
+    engine: str
+    name: str
+    tokenizer: Any
+    device: Any
+    num_parameters: int
+    is_encoder_decoder = False
+
+    def eos_token_ids(self) -> list[int]:
+        eos = self.tokenizer.eos_token_id
+        return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+
+    def prepare(self, spec: dict | None, drafter=None) -> float:
+        """Start the engine for a cell's speculative settings; the seconds starting took."""
+        raise NotImplementedError
+
+    def generate(self, request, spec: dict | None):
+        """One request (a :class:`~specbench.methods.Request`) -> its Generation with the engine record."""
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        """The engine, its version and settings, for environment.json."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop the engine (idempotent)."""
+
+    def process_groups(self) -> list[int]:
+        """The process groups of the engine's running processes (their CPU is the run's own)."""
+        return []
+
+
+class BackendRegistry(Mapping):
+    def __init__(self, package: str = __name__):
+        self._package = package
+        self._backends: dict[str, Backend] | None = None
+
+    def _loaded(self) -> dict[str, Backend]:
+        if self._backends is None:
+            package = importlib.import_module(self._package)
+            found: dict[str, Backend] = {}
+            for info in pkgutil.iter_modules(package.__path__):
+                if info.name.endswith("_worker"):  # run by the engine's own interpreter, not imported
+                    continue
+                backend = getattr(importlib.import_module(f"{self._package}.{info.name}"), "BACKEND", None)
+                if backend is not None:
+                    found[backend.name] = backend
+            self._backends = found
+        return self._backends
+
+    def __getitem__(self, name: str) -> Backend:
+        return self._loaded()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loaded())
+
+    def __len__(self) -> int:
+        return len(self._loaded())
+
+
+BACKENDS = BackendRegistry()
+
+ENGINE_NAMES = ("vllm",)  # the recipe schema's literal; tests check it equals BACKENDS' keys
+
+
+def option_problem(engine: str, options: dict) -> Problem:
+    """The first ``engine_options`` entry the backend does not take or cannot use."""
+    backend = BACKENDS[engine]
+    for name in sorted(options):
+        spec = backend.options.get(name)
+        if spec is None:
+            known = ", ".join(sorted(backend.options))
+            return name, f"engine {engine} takes no option {name!r}", f"use {known}"
+        value = options[name]
+        wanted = float if spec.type is float else spec.type
+        ok = isinstance(value, wanted) and not (isinstance(value, bool) and wanted is not bool)
+        if spec.type is float and isinstance(value, int) and not isinstance(value, bool):
+            ok = True
+        if not ok:
+            return name, f"{value!r} is not {spec.type.__name__}", f"give {name} as {spec.type.__name__}"
+        if spec.choices is not None and value not in spec.choices:
+            return name, f"{value!r} is not one of {', '.join(map(str, spec.choices))}", "use one of them"
+        if spec.minimum is not None and value < spec.minimum:
+            return name, f"{value} is below {spec.minimum}", f"use a value >= {spec.minimum}"
+        if spec.maximum is not None and value > spec.maximum:
+            return name, f"{value} is above {spec.maximum}", f"use a value <= {spec.maximum}"
+    return None

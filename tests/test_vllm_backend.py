@@ -1,0 +1,480 @@
+"""vLLM as a backend (specbench.engines): the metric mapping on counters recorded from a real vLLM run,
+the recipe's engine fields, and whole runs through specbench's real worker driving a stand-in vLLM
+(tests/fixtures/stub_vllm: transformers greedy decoding behind vLLM's offline API, with n-gram
+speculation counted as vLLM counts it). The real engine runs in tests/test_vllm_real.py (slow).
+
+Re-record the fixtures under tests/fixtures/vllm with ``python tests/fixtures/vllm/record.py`` (needs
+``make install-vllm`` and the SmolLM2 cache; about two minutes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from specbench.cli import app
+from specbench.engines import BACKENDS, ENGINE_NAMES
+from specbench.engines.accounting import (
+    AccountingError,
+    SpecCounters,
+    accepted_by_position,
+    difference,
+    inter_token_latencies,
+    step_growth,
+    steps_from_counters,
+)
+from specbench.engines.vllm import generation_from_answer
+from specbench.errors import SpecbenchError
+from specbench.recipe import parse_recipe
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RECORDED = sorted((FIXTURES / "vllm").glob("*.json"))
+STUB = FIXTURES / "stub_vllm"
+
+
+def test_the_schema_lists_every_backend():
+    assert set(ENGINE_NAMES) == set(BACKENDS)
+
+
+# -- the metric mapping, on answers recorded from vLLM 0.32 (CPU build) on SmolLM2 ------------------
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=[p.stem for p in RECORDED])
+def test_recorded_answers_map_onto_our_steps(path):
+    recorded = json.loads(path.read_text())
+    answer, spec, prompt = recorded["answer"], recorded["speculative_config"], recorded["prompt_tokens"]
+    generation = generation_from_answer(answer, "target", spec, recorded["started"], prompt, "d")
+    grown = difference(answer["before"], answer["after"])
+    counters = SpecCounters.from_vllm(grown)
+    steps = generation.steps
+    # one target pass per engine step that committed tokens, the prefill first and without a draft
+    assert len(steps) == len([g for g in step_growth(answer["step_lengths"])])
+    assert steps[0] == (0, 0)
+    assert generation.accepted_per_step == len(answer["token_ids"]) / len(steps)
+    # the steps hold exactly the engine's counters
+    assert sum(1 for d, _ in steps if d) == counters.drafts
+    assert sum(d for d, _ in steps) == counters.draft_tokens
+    assert sum(a for _, a in steps) == counters.accepted
+    if counters.drafts:
+        assert accepted_by_position(steps) == list(counters.accepted_by_position)
+        record = generation.engine_record
+        assert record["vllm_mean_acceptance_length"] == pytest.approx(1 + counters.accepted / counters.drafts)
+    # every step but a stop-cut last one commits its accepted drafts and one token more
+    assert sum(a + 1 for _, a in steps[:-1]) + min(
+        steps[-1][1] + 1, step_growth(answer["step_lengths"])[-1]
+    ) == len(answer["token_ids"])
+    assert generation.forwards["target"]["forward_passes"] == len(steps)
+    if spec and spec["method"] == "draft_model":  # one draft-model pass per proposed token, by its name
+        assert generation.forwards["d"]["forward_passes"] == counters.draft_tokens
+    assert 0 < generation.ttft <= generation.walltime
+
+
+def test_a_recorded_ngram_answer_shows_why_vllms_acceptance_length_differs():
+    """vLLM's mean acceptance length counts only the steps that drafted; ours counts every pass."""
+    recorded = json.loads((FIXTURES / "vllm" / "ngram_k4.json").read_text())
+    generation = generation_from_answer(
+        recorded["answer"],
+        "t",
+        recorded["speculative_config"],
+        recorded["started"],
+        recorded["prompt_tokens"],
+    )
+    ours = generation.accepted_per_step
+    theirs = generation.engine_record["vllm_mean_acceptance_length"]
+    assert theirs > ours  # the prefill and the steps that found no n-gram lower ours only
+
+
+def test_difference_sums_label_sets_and_refuses_a_restart():
+    before = [
+        {"name": "a", "labels": {"engine": "0"}, "value": 2},
+        {"name": "a", "labels": {"engine": "1"}, "value": 1},
+        {"name": "v", "labels": {}, "values": [1, 0]},
+    ]
+    after = [
+        {"name": "a", "labels": {"engine": "0"}, "value": 5},
+        {"name": "a", "labels": {"engine": "1"}, "value": 1},
+        {"name": "v", "labels": {}, "values": [3, 1, 1]},
+    ]
+    assert difference(before, after) == {"a": 3, "v": [2, 1, 1]}
+    with pytest.raises(AccountingError, match="went down"):
+        difference(after, before)
+
+
+def test_steps_from_counters_places_drafts_and_short_drafts():
+    # prefill; a step with no n-gram; a fully accepted draft of 4; a draft of 2 (copy ran out), 1 accepted
+    counters = SpecCounters(drafts=2, draft_tokens=6, accepted=5, accepted_by_position=(2, 1, 1, 1))
+    steps = steps_from_counters([1, 2, 7, 9], counters)
+    assert steps == [(0, 0), (0, 0), (4, 4), (2, 1)]
+    assert accepted_by_position(steps) == [2, 1, 1, 1]
+    # a drafted step that accepted nothing, and a last step cut at a stop token (3 accepted, 2 kept)
+    counters = SpecCounters(drafts=2, draft_tokens=8, accepted=3, accepted_by_position=(1, 1, 1, 0))
+    assert steps_from_counters([1, 2, 4], counters) == [(0, 0), (4, 0), (4, 3)]
+
+
+def test_counters_that_do_not_fit_the_steps_are_refused():
+    with pytest.raises(AccountingError):  # more accepting steps than drafts: another request ran
+        steps_from_counters([1, 3, 5], SpecCounters(1, 4, 2, (1, 1, 0, 0)))
+    with pytest.raises(AccountingError):  # accepted tokens without a draft
+        steps_from_counters([1, 3], SpecCounters(0, 0, 1, ()))
+    with pytest.raises(AccountingError):  # draft tokens that cannot hold the accepted ones
+        steps_from_counters([1, 6], SpecCounters(1, 2, 4, (1, 1, 1, 1)))
+
+
+def test_inter_token_latencies_count_a_multi_token_step_once():
+    ttft, itl = inter_token_latencies([0.1, 0.15, 0.2, 0.3], [1, 1, 5, 6])
+    assert ttft == 0.1
+    assert itl == pytest.approx([0.1, 0.1])
+
+
+# -- the recipe ------------------------------------------------------------------------------------
+
+
+def _recipe(tmp_path, **changes) -> dict:
+    recipe = {
+        "name": "engines",
+        "models": {
+            "ours": {"source": str(tmp_path / "model"), "dtype": "float64"},
+            "served": {
+                "source": str(tmp_path / "model"),
+                "dtype": "float64",
+                "engine": "vllm",
+                "engine_options": {"settle_s": 0.0},
+            },
+            "lookup": {"source": "prompt-lookup", "options": {"max_ngram": 3}},
+        },
+        "generation": {"max_new_tokens": 24},
+        "datasets": [{"task": "passages", "limit": 3, "chat_template": False}],
+        "methods": [
+            {"name": "ar", "method": "autoregressive", "target": "ours"},
+            {
+                "name": "sd",
+                "method": "speculative",
+                "target": "ours",
+                "drafter": "lookup",
+                "params": {"k": 4},
+            },
+            {"name": "vllm-ar", "method": "autoregressive", "target": "served"},
+            {
+                "name": "vllm-ngram",
+                "method": "speculative",
+                "target": "served",
+                "drafter": "lookup",
+                "params": {"k": 4},
+            },
+        ],
+    }
+    for path, value in changes.items():
+        node = recipe
+        *parents, last = path.split(".")
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        if value is None:
+            del node[last]
+        else:
+            node[last] = value
+    return recipe
+
+
+@pytest.mark.parametrize(
+    ("change", "where", "says"),
+    [
+        (
+            {"models.served.engine_options": {"tensor_paralel_size": 2}},
+            "engine_options.tensor_paralel_size",
+            "takes no option",
+        ),
+        ({"models.served.engine_options": {"kv_cache_gib": 0}}, "engine_options.kv_cache_gib", "below 1"),
+        (
+            {"models.served.engine_options": {"enforce_eager": "yes"}},
+            "engine_options.enforce_eager",
+            "not bool",
+        ),
+        ({"models.ours.engine_options": {"seed": 1}}, "models.ours.engine_options", "serving engine"),
+        ({"methods.3.params": {"k": 4, "lenience": 2.0}}, "methods[3].params.lenience", "no lenience"),
+        ({"models.lookup.options": {}}, "methods[3].drafter", "max_ngram"),
+        (
+            {
+                "methods.3.method": "cs_drafting",
+                "methods.3.drafter": None,
+                "methods.3.drafters": ["lookup"],
+                "methods.3.params": {},
+            },
+            "methods[3]",
+            "",
+        ),
+        ({"methods.1.target": "served", "methods.1.method": "medusa"}, "methods[1]", ""),
+    ],
+)
+def test_engine_fields_are_checked_when_the_recipe_is_read(tmp_path, change, where, says):
+    with pytest.raises(SpecbenchError) as error:
+        parse_recipe(_recipe(tmp_path, **change), tmp_path / "r.yaml")
+    assert where in str(error.value) and says in str(error.value)
+
+
+def test_a_method_vllm_does_not_have_is_refused_naming_the_method(tmp_path):
+    recipe = _recipe(tmp_path, **{"methods.3.method": "hf_prompt_lookup", "methods.3.drafter": None})
+    with pytest.raises(SpecbenchError, match=r"methods\[3\]\.method.*vLLM has no method 'hf_prompt_lookup'"):
+        parse_recipe(recipe, tmp_path / "r.yaml")
+
+
+def test_an_engine_model_is_never_a_drafter(tmp_path):
+    recipe = _recipe(tmp_path, **{"methods.1.drafter": "served"})
+    with pytest.raises(SpecbenchError, match="a drafter runs in its target's engine"):
+        parse_recipe(recipe, tmp_path / "r.yaml")
+
+
+def test_engine_cells_are_audited_against_the_same_weights_run_by_specbench(tmp_path):
+    recipe = parse_recipe(_recipe(tmp_path), tmp_path / "r.yaml")
+    assert recipe.reference_model("served") == "ours"
+    assert recipe.reference_model("ours") == "ours"
+    alone = _recipe(tmp_path, **{"models.served.dtype": "float32"})
+    assert parse_recipe(alone, tmp_path / "r.yaml").reference_model("served") == "served"
+
+
+def test_engine_options_enter_fingerprints_only_when_given(tmp_path):
+    recipe = parse_recipe(_recipe(tmp_path), tmp_path / "r.yaml")
+    cells = {c.method_name: c for c in recipe.cells()}
+    other = parse_recipe(
+        _recipe(tmp_path, **{"models.served.engine_options": {"settle_s": 0.0, "enforce_eager": True}}),
+        tmp_path / "r.yaml",
+    )
+    changed = {c.method_name: c for c in other.cells()}
+    assert cells["vllm-ar"].fingerprint(recipe) != changed["vllm-ar"].fingerprint(other)
+    assert cells["ar"].fingerprint(recipe) == changed["ar"].fingerprint(other)
+
+
+# -- whole runs through the real worker and a stand-in vLLM ----------------------------------------
+
+
+@pytest.fixture
+def stub_engine(tmp_path, monkeypatch):
+    """A tiny model on disk, and the stand-in vLLM importable by the worker's interpreter."""
+    from specbench.models.tiny import build_tiny
+
+    model, tokenizer = build_tiny("tiny-llama", seed=3, init_std=0.5)
+    model.to(dtype=__import__("torch").float64).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(STUB), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("SPECBENCH_VLLM_PYTHON", sys.executable)
+    monkeypatch.setenv("SPECBENCH_DATA_DIR", str(tmp_path / "no-data"))
+    return tmp_path
+
+
+def _run(tmp_path, recipe: dict, *extra):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return CliRunner().invoke(app, ["run", str(path), "-o", str(tmp_path / "out"), *extra])
+
+
+def _rows(tmp_path):
+    return [json.loads(line) for line in (tmp_path / "out" / "examples.jsonl").read_text().splitlines()]
+
+
+def _no_engine_left(tmp_path):
+    """No worker serves this test's model (the worker's command line names the model's directory)."""
+    import subprocess
+
+    out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
+    return not any("vllm_worker.py" in line and str(tmp_path / "model") in line for line in out.splitlines())
+
+
+def test_a_run_puts_engine_rows_beside_ours_audited_and_counted(stub_engine):
+    tmp_path = stub_engine
+    result = _run(tmp_path, _recipe(tmp_path))
+    assert result.exit_code == 0, result.output
+    rows = _rows(tmp_path)
+    assert len(rows) == 12 and len({r["key"] for r in rows}) == 12
+    by = {(r["cell"], r["example_id"]): r for r in rows}
+    for row in rows:
+        if row["target"] != "served":
+            continue
+        ours = by["ar", row["example_id"]]
+        assert row["output_ids"] == ours["output_ids"]  # greedy: the engine reproduces our AR
+        assert row["divergence_class"] == "identical" and row["engine"] == "vllm"
+        assert row["engine_record"]["version"] == "0.0-stub"
+        assert row["n_tokens"] / len(row["steps"]) == pytest.approx(
+            row["n_tokens"] / row["forwards"]["served"]["forward_passes"]
+        )
+        assert row["compile_s"] >= 0
+    ngram = [r for r in rows if r["cell"].startswith("vllm-ngram")]
+    assert sum(d for r in ngram for d, _ in r["steps"]) > 0  # the engine drafted, and we counted it
+    record = ngram[0]["engine_record"]
+    assert (
+        record["speculative_config"]["method"] == "ngram" and record["rejection_sample_method"] == "standard"
+    )
+    environment = json.loads((tmp_path / "out" / "environment.json").read_text())
+    assert environment["models"]["served"]["serving"]["engine"] == "vllm"
+    report = CliRunner().invoke(app, ["report", str(tmp_path / "out")])
+    assert report.exit_code == 0 and "vllm-ngram" in report.output, report.output
+    assert _no_engine_left(tmp_path)
+
+
+def test_an_engine_that_dies_keeps_the_finished_rows_and_resume_finishes(stub_engine, monkeypatch):
+    tmp_path = stub_engine
+    monkeypatch.setenv("STUB_VLLM_DIE_ON_REQUEST", "3")  # each engine's 3rd request: warm-up + 2 rows
+    result = _run(tmp_path, _recipe(tmp_path))
+    assert result.exit_code == 2
+    assert "the engine exited (code 3) during generate" in result.output
+    assert "--resume" in result.output and "Traceback" not in result.output
+    kept = _rows(tmp_path)
+    assert kept and all(r["cell"] in {"ar", "sd", "vllm-ar", "vllm-ngram"} for r in kept)
+    assert _no_engine_left(tmp_path)
+    monkeypatch.delenv("STUB_VLLM_DIE_ON_REQUEST")
+    result = _run(tmp_path, _recipe(tmp_path), "--resume")
+    assert result.exit_code == 0, result.output
+    rows = _rows(tmp_path)
+    assert len(rows) == 12 and len({r["key"] for r in rows}) == 12
+    assert all(r in rows for r in kept)
+
+
+def test_an_engine_that_refuses_to_start_or_hangs_is_one_line(stub_engine, monkeypatch):
+    tmp_path = stub_engine
+    monkeypatch.setenv("STUB_VLLM_FAIL_START", "bad option for this engine")
+    result = _run(tmp_path, _recipe(tmp_path))
+    assert result.exit_code == 2
+    assert "models.served.engine_options" in result.output and "bad option for this engine" in result.output
+    monkeypatch.delenv("STUB_VLLM_FAIL_START")
+    monkeypatch.setenv("STUB_VLLM_HANG_ON_REQUEST", "2")
+    recipe = _recipe(
+        tmp_path, **{"models.served.engine_options": {"settle_s": 0.0, "request_timeout_s": 3.0}}
+    )
+    shutil.rmtree(tmp_path / "out")
+    result = _run(tmp_path, recipe)
+    assert result.exit_code == 2 and "did not answer in 3 s" in result.output, result.output
+    assert _no_engine_left(tmp_path)
+
+
+def test_a_missing_engine_is_refused_before_the_first_row(stub_engine, monkeypatch, tmp_path_factory):
+    tmp_path = stub_engine
+    monkeypatch.setenv("PYTHONPATH", "")  # the interpreter no longer finds a vllm
+    result = _run(tmp_path, _recipe(tmp_path))
+    assert result.exit_code == 2
+    assert "models.served.engine" in result.output and "does not import vllm" in result.output
+    assert "make install-vllm" in result.output
+    assert not (tmp_path / "out" / "examples.jsonl").exists() or not _rows(tmp_path)
+
+
+def test_a_killed_run_leaves_no_engine_behind(stub_engine):
+    """SIGTERM to specbench while an engine serves: the engine's process group goes with it."""
+    import subprocess
+    import time
+
+    tmp_path = stub_engine
+    path = tmp_path / "recipe.yaml"
+    recipe = _recipe(tmp_path, **{"datasets.0.limit": 12})  # engines stay up until the run ends
+    path.write_text(yaml.safe_dump(recipe))
+    run = subprocess.Popen(
+        [sys.executable, "-m", "specbench.cli", "run", str(path), "-o", str(tmp_path / "out")],
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "run.log").open("w"),
+    )
+    deadline = time.time() + 300
+    while time.time() < deadline and _no_engine_left(tmp_path):
+        time.sleep(0.2)
+    assert not _no_engine_left(tmp_path), (tmp_path / "run.log").read_text()[-2000:]
+    run.send_signal(signal.SIGTERM)
+    run.wait(timeout=60)
+    deadline = time.time() + 30
+    while time.time() < deadline and not _no_engine_left(tmp_path):
+        time.sleep(0.2)
+    assert _no_engine_left(tmp_path)
+
+
+# -- under load: the server lifecycle and the client, against the stand-in's `vllm serve` -----------
+
+
+def _no_server_left(tmp_path):
+    import subprocess
+
+    out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
+    return not any("api_server" in line and str(tmp_path / "model") in line for line in out.splitlines())
+
+
+def test_a_load_sweep_measures_every_level_and_stops_its_servers(stub_engine):
+    tmp_path = stub_engine
+    recipe = _recipe(tmp_path, load={"concurrency": [1, 2, 4], "requests": 4, "slo_ttft_s": 5.0})
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    result = CliRunner().invoke(app, ["load", str(path), "-o", str(tmp_path / "load")])
+    assert result.exit_code == 0, result.output
+    import pandas as pd
+
+    rows = pd.read_csv(tmp_path / "load" / "load.csv")
+    levels = sorted(zip(rows.cell, rows.concurrency, strict=True))
+    assert levels == [(cell, c) for cell in ("vllm-ar", "vllm-ngram") for c in (1, 2, 4)]
+    assert (rows.errors == 0).all() and (rows.completed == 4).all()
+    assert (rows.output_tokens == 4 * 24).all()  # every request ran to the recipe's budget
+    ar, ngram = rows[rows.cell == "vllm-ar"], rows[rows.cell == "vllm-ngram"]
+    assert (ar.speedup_throughput == 1.0).all()
+    # speculating, the stand-in streams 3 tokens a chunk (2 accepted drafts) after a first chunk of 3
+    # without a draft: 24 tokens, 14 accepted, so 24 / 10 tokens per step and vLLM's 1 + 14 / 7
+    assert (ngram.tokens_per_step_est == 2.4).all() and (ngram.vllm_mean_acceptance_length == 3.0).all()
+    assert (ngram.speedup_per_request > 1.5).all() and (ar.drafts == 0).all()
+    assert (rows.ttft_p50_s <= rows.ttft_p99_s).all() and (rows.goodput_req_s > 0).all()
+    assert (rows.engine_version == "0.0-stub").all()
+    assert json.loads(ngram.speculative_config.iloc[0])["method"] == "ngram"
+    assert _no_server_left(tmp_path)
+    again = CliRunner().invoke(app, ["load", str(path), "-o", str(tmp_path / "load"), "--resume"])
+    assert again.exit_code == 0 and "server ready" not in again.output  # nothing left to measure
+    assert len(pd.read_csv(tmp_path / "load" / "load.csv")) == 6
+    plot = CliRunner().invoke(app, ["plot", str(tmp_path / "load"), "--figure", "load"])
+    assert plot.exit_code == 0 and (tmp_path / "load" / "load.png").is_file(), plot.output
+
+
+def test_a_server_that_never_opens_its_port_is_one_line(stub_engine, monkeypatch):
+    tmp_path = stub_engine
+    monkeypatch.setenv("STUB_SERVE_FAIL", "1")
+    recipe = _recipe(tmp_path, load={"concurrency": [1]})
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    result = CliRunner().invoke(app, ["load", str(path), "-o", str(tmp_path / "load")])
+    assert result.exit_code == 2
+    assert "before it opened port" in result.output and "stub server refuses to start" in result.output
+    assert _no_server_left(tmp_path)
+
+
+def test_load_is_refused_without_a_load_section_or_an_engine_cell(stub_engine):
+    tmp_path = stub_engine
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(_recipe(tmp_path)))
+    result = CliRunner().invoke(app, ["load", str(path), "-o", str(tmp_path / "load")])
+    assert result.exit_code == 2 and "no load: section" in result.output
+    with pytest.raises(SpecbenchError, match=r"load\.concurrency"):
+        parse_recipe(_recipe(tmp_path, load={"concurrency": [0]}), tmp_path / "r.yaml")
+
+
+def test_prometheus_text_and_the_level_summary():
+    from specbench.engines.load import Result, parse_prometheus, summarize
+
+    text = '# HELP x\nvllm:a_total{engine="0"} 2.0\nvllm:a_total{engine="1"} 3.0\nvllm:b 1.5\n'
+    assert parse_prometheus(text) == {"vllm:a_total": 5.0, "vllm:b": 1.5}
+    results = [Result(0.0, first=0.1, chunk_times=[0.1, 0.2], tokens=11, ended=1.1) for _ in range(3)]
+    results.append(Result(0.0, error="HTTP/1.1 500", ended=0.2))
+    row = summarize("c", 2, results, 2.0, {"drafts": 5, "draft_tokens": 20, "accepted": 11}, 0.5, 0.05)
+    assert row["completed"] == 3 and row["errors"] == 1
+    assert row["throughput_tok_s"] == pytest.approx(33 / 2.0)
+    assert row["tpot_p50_s"] == pytest.approx(0.1)  # (1.1 - 0.1) / 10
+    assert row["goodput_req_s"] == 0  # TPOT 0.1 s misses the 0.05 s objective
+    assert row["vllm_mean_acceptance_length"] == pytest.approx(1 + 11 / 5)
+    assert row["tokens_per_step_est"] == pytest.approx(33 / 22)
+
+
+def test_plan_counts_the_kv_cache_an_engine_reserves(stub_engine):
+    tmp_path = stub_engine
+    recipe = _recipe(tmp_path)
+    recipe["models"]["served"]["engine_options"] = {"kv_cache_gib": 3}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    result = CliRunner().invoke(app, ["plan", str(path), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    models = {m["name"]: m for m in json.loads(result.output)["models"]}
+    assert models["served"]["kv_bytes"] == 3 * 2**30
+    assert models["ours"]["kv_bytes"] < 2**20  # ours: the tokens a row holds
