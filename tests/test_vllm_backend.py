@@ -478,3 +478,44 @@ def test_plan_counts_the_kv_cache_an_engine_reserves(stub_engine):
     models = {m["name"]: m for m in json.loads(result.output)["models"]}
     assert models["served"]["kv_bytes"] == 3 * 2**30
     assert models["ours"]["kv_bytes"] < 2**20  # ours: the tokens a row holds
+
+
+# -- Medusa heads in vLLM -------------------------------------------------------------------------
+
+
+def test_medusa_maps_to_vllms_chain_and_a_tree_is_refused():
+    from specbench.engines import CellView
+    from specbench.engines.vllm import _speculation
+
+    chain = CellView("medusa", {"depth": 3, "branch": 1, "frontier": 1, "nodes": 24}, "h", "medusa", {}, True)
+    assert _speculation(chain) == ({"method": "medusa", "num_speculative_tokens": 3}, None)
+    tree = CellView("medusa", {"depth": 3, "branch": 3, "frontier": 3, "nodes": 24}, "h", "medusa", {}, True)
+    spec, problem = _speculation(tree)
+    assert spec is None and problem[0] == "params.branch" and "chain" in problem[1]
+
+
+def test_heads_for_an_engine_get_a_full_vocabulary_vllm_layout(tmp_path):
+    """vLLM 0.32's Medusa loader refuses a checkpoint with a token_map: the copy drops it."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from specbench.drafters.medusa import MANIFEST, HeadsForEngine
+
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / MANIFEST).write_text(json.dumps({"heads": 2, "hidden_size": 4}))
+    save_file(
+        {
+            "lm_heads.0.weight": torch.zeros(8, 4),
+            "token_map": torch.arange(3),
+            "blocks.0.layers.0.bias": torch.ones(4),
+        },
+        str(tmp_path / "vllm" / "model.safetensors"),
+    )
+    config = {"model_type": "medusa", "vocab_size": 8, "truncated_vocab_size": 3, "num_heads": 2}
+    (tmp_path / "vllm" / "config.json").write_text(json.dumps(config))
+    heads = HeadsForEngine("h", tmp_path)
+    assert heads.num_parameters == 2 * (16 + 4)
+    out = heads.vllm_folder()
+    assert set(load_file(str(out / "model.safetensors"))) == {"lm_heads.0.weight", "blocks.0.layers.0.bias"}
+    assert json.loads((out / "config.json").read_text())["truncated_vocab_size"] == 8
+    assert heads.vllm_folder() == out  # written once

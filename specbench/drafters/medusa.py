@@ -153,3 +153,40 @@ def load(folder: Path, name: str, target, where: str) -> MedusaDrafter:
     heads = heads.to(device=weight.device, dtype=weight.dtype)
     ids = torch.tensor(manifest["draft_vocab"], dtype=torch.long) if manifest.get("draft_vocab") else None
     return MedusaDrafter(name, heads, draft_head(weight, ids), target.name)
+
+
+class HeadsForEngine:
+    """Medusa heads whose target runs on a serving engine: the engine loads them itself, so this
+    process keeps only where they are and their size (for SWI's cost tables)."""
+
+    def __init__(self, name: str, folder: Path):
+        manifest = json.loads((folder / MANIFEST).read_text())
+        self.name, self.folder = name, folder
+        self.heads = manifest["heads"]
+        self.num_parameters = manifest["heads"] * (manifest["hidden_size"] ** 2 + manifest["hidden_size"])
+        self.origin = f"medusa heads {folder}, loaded by the engine"
+
+    def vllm_folder(self) -> Path:
+        """The heads in vLLM's layout with the full vocabulary (no ``token_map``): vLLM 0.32's Medusa
+        loader sets ``token_map`` without reporting it loaded, so its weight check refuses any
+        checkpoint with a draft vocabulary. Written once, beside the heads."""
+        from safetensors.torch import load_file, save_file
+
+        source, out = self.folder / "vllm", self.folder / "vllm-full-vocabulary"
+        if (out / "config.json").is_file():
+            return out
+        if not (source / "config.json").is_file():
+            raise SpecbenchError(
+                f"models.{self.name}.source",
+                f"no vLLM layout of the heads in {source}",
+                "train them again with `specbench distill --size medusa` (it writes the vLLM layout)",
+            )
+        tensors = {k: v for k, v in load_file(str(source / "model.safetensors")).items() if k != "token_map"}
+        config = json.loads((source / "config.json").read_text())
+        config["truncated_vocab_size"] = config["vocab_size"]
+        staging = out.with_name(out.name + ".tmp")
+        staging.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(staging / "model.safetensors"))
+        (staging / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+        staging.rename(out)
+        return out

@@ -89,11 +89,20 @@ PASSED = (  # engine_options that go to vllm.LLM as they are
 def _speculation(cell: CellView) -> tuple[dict | None, Problem]:
     if cell.method == "autoregressive":
         return None, None
+    if cell.method == "medusa":
+        if cell.params["branch"] != 1 or cell.params["frontier"] != 1:
+            return None, (
+                "params.branch",
+                "vLLM's Medusa verifies a chain (each head's top token), not a token tree",
+                "use branch: 1 and frontier: 1 (our medusa cell with the same params verifies that chain)",
+            )
+        return {"method": "medusa", "num_speculative_tokens": cell.params["depth"]}, None
     if cell.method != "speculative":
         return None, (
             "method",
             f"vLLM has no method {cell.method!r} mapped in specbench",
-            "use autoregressive or speculative (a prompt-lookup or model drafter) on an engine: vllm target",
+            "use autoregressive, speculative (a prompt-lookup or model drafter) or medusa (a chain) "
+            "on an engine: vllm target",
         )
     if cell.params.get("lenience", 1.0) != 1.0:
         return None, ("params.lenience", "vLLM's rejection sampler has no lenience", "use lenience: 1")
@@ -119,7 +128,7 @@ def _speculation(cell: CellView) -> tuple[dict | None, Problem]:
             "prompt_lookup_min": 1,
         }
         return spec, None
-    if cell.drafter_kind in {"tiny", "early_exit", "medusa"}:
+    if cell.drafter_kind in {"tiny", "early_exit", "medusa"}:  # medusa heads: method medusa above
         return None, (
             "drafter",
             f"vLLM loads a draft model from a directory; {cell.drafter!r} ({cell.drafter_kind}) has none",
@@ -171,6 +180,8 @@ class VLLMTarget(EngineModel):
         spec = dict(spec) if spec else None
         if spec and spec["method"] == "draft_model":
             spec["model"] = _directory_of(getattr(drafter, "model", None), f"models.{drafter.name}.source")
+        if spec and spec["method"] == "medusa":
+            spec["model"] = str(drafter.vllm_folder())
         return spec
 
     def prepare(self, spec: dict | None, drafter=None) -> float:
@@ -280,10 +291,13 @@ def generation_from_answer(
         }
     }
     settings = started.get("settings") or {}
-    if spec and spec.get("method") == "draft_model":
+    method = (spec or {}).get("method")
+    if method in ("draft_model", "medusa"):
+        drafting = [d for d, _ in steps if d]
         forwards[drafter or "drafter"] = {
-            "forward_passes": sum(d for d, _ in steps),  # one draft-model pass per proposed token
-            "tokens_scored": sum(d for d, _ in steps),
+            # a draft model runs one pass per proposed token; Medusa's heads one pass per step
+            "forward_passes": sum(drafting) if method == "draft_model" else len(drafting),
+            "tokens_scored": sum(drafting) if method == "draft_model" else len(drafting),
             "encoder_passes": 0,
             "seconds": 0.0,  # inside the target's engine seconds
         }

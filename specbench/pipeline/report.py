@@ -203,13 +203,15 @@ def engines_note(cells: pd.DataFrame) -> str:
             f"{r['engine_acceptance_length']:.2f} = 1 + accepted / drafts, over the "
             f"{100 * r['engine_drafting_share']:.0f}% of passes that drafted"
         )
-        same = cells[
+        alike = (
             (cells["dataset"] == r["dataset"])
             & (cells["engine_name"].isna())
             & (cells["method"] == r["method"])
-            & (cells["drafter"] == r["drafter"])
             & (cells["params"] == r["params"])
-        ]
+        )
+        same = cells[alike & (cells["drafter"] == r["drafter"])]
+        if same.empty:  # heads are one recipe model per target: the same heads under another name
+            same = cells[alike]
         for other in same.to_dict("records"):
             gap = r["acceptance_length"] / other["acceptance_length"] - 1
             ours = f"{other['acceptance_length']:.2f} ({gap:+.1%})"

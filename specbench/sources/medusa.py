@@ -24,6 +24,9 @@ def _load(context: LoadContext):
     of = request.opts.get("of")
     if of is None:
         raise SpecbenchError(f"{where}.options.of", "Medusa heads read a target's states", "add of: TARGET")
+    served = context.resolve(of) if context.resolve is not None else None
+    if getattr(served, "serving_dtype", None) is not None:  # a serving engine's target loads them itself
+        return medusa.HeadsForEngine(request.name, folder(request.source))
     base = context.base_model(of, "Medusa heads")
     heads = medusa.load(folder(request.source), request.name, base, where)
     heads.origin = f"medusa heads {folder(request.source)} on {of}"
