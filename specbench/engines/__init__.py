@@ -72,6 +72,10 @@ class EngineModel:
         eos = self.tokenizer.eos_token_id
         return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
 
+    def speculative_config(self, spec: dict | None, drafter) -> dict | None:
+        """The cell's speculative settings as the engine takes them (a drafter's weights filled in)."""
+        return spec
+
     def prepare(self, spec: dict | None, drafter=None) -> float:
         """Start the engine for a cell's speculative settings; the seconds starting took."""
         raise NotImplementedError

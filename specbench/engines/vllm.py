@@ -176,7 +176,8 @@ class VLLMTarget(EngineModel):
         self._engines: dict[str, WorkerProcess] = {}  # speculative config (JSON) -> its engine
         self._last: WorkerProcess | None = None
 
-    def _config(self, spec: dict | None, drafter) -> dict | None:
+    def speculative_config(self, spec: dict | None, drafter) -> dict | None:
+        """The cell's speculative settings as the engine takes them: the drafter's weights filled in."""
         spec = dict(spec) if spec else None
         if spec and spec["method"] == "draft_model":
             spec["model"] = _directory_of(getattr(drafter, "model", None), f"models.{drafter.name}.source")
@@ -186,12 +187,16 @@ class VLLMTarget(EngineModel):
 
     def prepare(self, spec: dict | None, drafter=None) -> float:
         """Start the engine for ``spec`` unless it runs; the seconds starting took (compile included)."""
-        spec = self._config(spec, drafter)
+        return self._engine(self.speculative_config(spec, drafter))[1]
+
+    def _engine(self, spec: dict | None) -> tuple[WorkerProcess, float]:
+        """The running engine of the speculative config ``spec``, started if need be, and the seconds
+        starting took (0 when it ran)."""
         key = json.dumps(spec, sort_keys=True)
         running = self._engines.get(key)
         if running is not None and running.alive():
             self._engines[key] = self._engines.pop(key)  # most recently used last
-            return 0.0
+            return running, 0.0
         limit = self.options.get("max_engines") or (1 if str(self.device).startswith("cuda") else 4)
         while len(self._engines) >= limit:
             self._engines.pop(next(iter(self._engines))).close()
@@ -210,7 +215,7 @@ class VLLMTarget(EngineModel):
             self.options.get("start_timeout_s", 1800.0),
         )
         self._engines[key] = worker
-        return time.perf_counter() - started
+        return worker, time.perf_counter() - started
 
     def process_groups(self) -> list[int]:
         return [worker.process.pid for worker in self._engines.values() if worker.alive()]
@@ -222,9 +227,8 @@ class VLLMTarget(EngineModel):
 
     def generate(self, request, spec: dict | None, drafter=None) -> Generation:
         """One request, alone in the engine of its cell's speculative setting."""
-        started = self.prepare(spec, drafter)  # 0 unless the engine had stopped
-        config = self._config(spec, drafter)
-        worker = self._engines[json.dumps(config, sort_keys=True)]
+        config = self.speculative_config(spec, drafter)
+        worker, started = self._engine(config)  # started: 0 unless the engine had stopped
         self._last = worker
         sampling = request.sampling
         answer = worker.ask(
@@ -368,7 +372,7 @@ def _serve(target: VLLMTarget, spec: dict | None, drafter, port: int) -> tuple[l
             command += [flag, str(target.options[name])]
     if target.options.get("enforce_eager"):
         command.append("--enforce-eager")
-    config = target._config(spec, drafter)
+    config = target.speculative_config(spec, drafter)
     if config:
         command += ["--speculative-config", json.dumps(config)]
     return command, {"VLLM_CPU_KVCACHE_SPACE": str(target.options.get("kv_cache_gib", 2))}

@@ -31,7 +31,7 @@ from specbench.engines.load import (
 )
 from specbench.errors import SpecbenchError
 from specbench.pipeline.measure import Measurer
-from specbench.recipe import Cell, Recipe, engine_cell_view
+from specbench.recipe import Cell, Recipe
 
 
 def engine_cells(recipe: Recipe) -> list[Cell]:
@@ -74,7 +74,7 @@ def run_load(recipe: Recipe, out: Path, console: Console, resume: bool = False) 
         if backend.serve is None:
             raise SpecbenchError(f"{recipe.path}: models.{cell.target}.engine", "has no server", "drop load:")
         prompts, budget, stop = _prompts(measurer, recipe, target)
-        spec, _ = backend.speculation(engine_cell_view(recipe, cell))
+        spec = measurer.engine_spec(cell, target)
         drafter = measurer.model(cell.drafter) if cell.drafter else None
         port = free_port()
         command, env = backend.serve(target, spec, drafter, port)
@@ -121,7 +121,7 @@ def run_load(recipe: Recipe, out: Path, console: Console, resume: bool = False) 
                     machine=measurer.machine.id,
                     machine_described=measurer.machine.describe(),
                     engine_version=server.version(),
-                    speculative_config=json.dumps(backend_config(target, spec, drafter)),
+                    speculative_config=json.dumps(target.speculative_config(spec, drafter)),
                     server_start_s=started,
                 )
                 rows = [r for r in rows if r["key"] != row["key"]] + [row]
@@ -131,12 +131,6 @@ def run_load(recipe: Recipe, out: Path, console: Console, resume: bool = False) 
                     f"TTFT p50 {row['ttft_p50_s']:.3f} s, {row['errors']} errors"
                 )
     return out
-
-
-def backend_config(target, spec: dict | None, drafter) -> dict | None:
-    """The speculative settings the engine was started with (a draft model's directory filled in)."""
-    config = getattr(target, "_config", None)
-    return config(spec, drafter) if config else spec
 
 
 def _ar_cells(recipe: Recipe) -> dict[str, str]:

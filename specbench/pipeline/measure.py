@@ -255,7 +255,7 @@ class Measurer:
         """Compile every pass shape the cell's compiled models will run, before any timed example; the
         seconds go to the cell's next row as ``compile_s``, never into a walltime."""
         if isinstance(models.target, EngineModel):  # a serving engine starts (and compiles) for the cell
-            spec, _ = BACKENDS[models.target.engine].speculation(engine_cell_view(self.recipe, cell))
+            spec = self.engine_spec(cell, models.target)
             with self.console.status(f"starting {models.target.engine} for {cell.id}"):
                 seconds = models.target.prepare(spec, models.drafter)
             self.compile_pending[cell.id] = self.compile_pending.get(cell.id, 0.0) + seconds
@@ -403,8 +403,13 @@ class Measurer:
         engine's decoding that the backend mapped the cell to."""
         if not isinstance(target, EngineModel):
             return METHODS[cell.method].run
-        spec, _ = BACKENDS[target.engine].speculation(engine_cell_view(self.recipe, cell))
+        spec = self.engine_spec(cell, target)
         return lambda params, target, drafter, request: target.generate(request, spec, drafter)
+
+    def engine_spec(self, cell: Cell, target: EngineModel) -> dict | None:
+        """The engine's speculative settings for ``cell`` (its backend's mapping; the recipe was checked
+        to map)."""
+        return BACKENDS[target.engine].speculation(engine_cell_view(self.recipe, cell))[0]
 
     def _conversation(self, dataset, cell: Cell, target, drafter, example: Example):
         """A multi-turn example (Spec-Bench's MT-Bench questions): each turn after the model's own

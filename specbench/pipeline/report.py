@@ -140,6 +140,7 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
         )
     quality = [c for c in cells.columns if c.startswith("quality_")]
     several_machines = _several_machines(cells)
+    engines = _has_engines(cells)
     rows = []
     for r in cells.to_dict("records"):
         row = {
@@ -156,7 +157,7 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
             # a serving engine's (or the compiled loop's) cell over specbench's eager AR, same prompts
             **(
                 {"vs eager AR": (format_num(r.get("speedup_vs_eager_ar", math.nan)) + "x").lstrip("x")}
-                if _has_engines(cells)
+                if engines
                 else {}
             ),
             # from the counts and a pass cost fitted to the other half of the examples (prediction.py)
