@@ -97,8 +97,13 @@ class WorkerProcess(EngineProcess):
             pass  # the read below finds the exit
         line = self._read_line(timeout)
         if not line:
-            code = process.poll()
-            how = f"exited (code {code})" if code is not None else f"did not answer in {timeout:.0f} s"
+            if line is None:  # the time ran out
+                how = f"did not answer in {timeout:.0f} s"
+            else:  # end of its output: it exited (closing its pipe comes a moment before it is reaped)
+                try:
+                    how = f"exited (code {process.wait(timeout=30)})"
+                except subprocess.TimeoutExpired:
+                    how = "closed its output without exiting"
             error = self.last_error()
             self.stop()
             raise SpecbenchError(
@@ -116,12 +121,13 @@ class WorkerProcess(EngineProcess):
             )
         return answer
 
-    def _read_line(self, timeout: float | None) -> str:
+    def _read_line(self, timeout: float | None) -> str | None:
+        """The next answer line; '' at the end of the worker's output; None when ``timeout`` passed."""
         if timeout is not None:
             with selectors.DefaultSelector() as selector:
                 selector.register(self.process.stdout, selectors.EVENT_READ)
                 if not selector.select(timeout):
-                    return ""
+                    return None
         return self.process.stdout.readline()
 
     def close(self) -> None:
