@@ -71,10 +71,10 @@ drafts: install
 	$(BIN)/specbench bigram build --tokenizer smollm2-135m-instruct --out $(CACHE)/drafters/smollm2-135m-instruct/bigram.json \
 		--corpus $(DATA_DIR)/gsm8k/train.jsonl --corpus $(DATA_DIR)/mmlu/dev.jsonl --corpus $(DATA_DIR)/alpaca_seed/train.jsonl
 
-## heads: 4 Medusa-1 heads on SmolLM2-135M-Instruct's last hidden state (reuses the teacher data `make
-## drafts` cached), saved in specbench's and vLLM's Medusa layouts.
+## heads: 4 Medusa-1 heads on SmolLM2-135M-Instruct's last hidden state and an EAGLE head on its
+## features (reuses the teacher data `make drafts` cached), saved in specbench's and vLLM's layouts.
 heads: install
-	$(BIN)/specbench distill --target smollm2-135m-instruct --size medusa --data-dir $(DATA_DIR)
+	$(BIN)/specbench distill --target smollm2-135m-instruct --size medusa --size eagle --data-dir $(DATA_DIR)
 
 ## drafts-exit: the distilled exit head of SmolLM2's 4-layer early-exit self-draft (reuses the teacher
 ## data `make drafts` cached).

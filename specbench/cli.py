@@ -600,8 +600,9 @@ def distill(
         "--size",
         help="Drafters to train: small (~8.5M, 2 layers x 160), base (the target's embedding and first "
         "2 layers), exit<N> (an exit head on the target's first N layers), medusa (4 Medusa-1 heads on "
-        "the target's last hidden state; recipes name them medusa:<target>/medusa). Repeat the option "
-        "for several.",
+        "the target's last hidden state; recipes name them medusa:<target>/medusa), eagle (an EAGLE head: "
+        "one decoder layer on the target's features, also saved in vLLM's eagle layout; recipes name it "
+        "eagle:<target>/eagle). Repeat the option for several.",
     ),
     data_dir: Path = typer.Option(
         None,
@@ -614,7 +615,7 @@ def distill(
     max_new_tokens: int = typer.Option(128, min=1, help="Length cap of the target's answers."),
     top_k: int = typer.Option(32, min=1, help="Teacher log-probabilities kept per position."),
     epochs: float = typer.Option(
-        None, min=0.01, help="Training epochs (default per size: small 3, base 2, exit 1)."
+        None, min=0.01, help="Training epochs (default per size: small 3, base 2, exit 1, medusa 2, eagle 3)."
     ),
     lr: float = typer.Option(None, min=0.0, help="Peak learning rate (default per size)."),
     seed: int = typer.Option(0, help="Seed of the student's initialisation and batch order."),

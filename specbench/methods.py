@@ -103,8 +103,9 @@ class Method:
     # hold an autoregressive method on the same target, and the runner passes its output ids
     needs_reference: bool = False
     check: Check | None = None
-    # the drafter is a set of heads on the target's hidden states (a source with heads=True)
-    takes_heads: bool = False
+    # the kind of heads on the target's hidden states the drafter must be (a source with heads=True of
+    # that kind: "medusa", "eagle"); None: the method takes no heads
+    takes_heads: str | None = None
     # False: the method calls transformers' generate on the model's own module, so its cells run
     # eagerly on any engine (nothing is compiled for them, and no compile time is charged)
     runs_engine: bool = True

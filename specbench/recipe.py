@@ -770,18 +770,19 @@ def _check_heads(recipe: Recipe, spec: MethodSpec, info: Method, where: str) -> 
         for name in names:
             if name is None:
                 continue
-            heads = _source(recipe.models[name].source).heads
-            if heads and not info.takes_heads:
+            source = _source(recipe.models[name].source)
+            if source.heads and not info.takes_heads:
                 raise SpecbenchError(
                     f"{where}.{role}",
                     f"{name!r} is a set of heads on the target's states; {spec.method!r} cannot use it",
-                    "use method medusa for heads, or a drafter model here",
+                    f"use method {source.kind} for these heads, or a drafter model here",
                 )
-            if info.takes_heads and not heads:
+            if info.takes_heads and source.kind != info.takes_heads:
                 raise SpecbenchError(
                     f"{where}.{role}",
-                    f"method {spec.method!r} drafts with heads on the target's states; {name!r} is not",
-                    "give a medusa:<target>/<name> source with options: {of: TARGET}",
+                    f"method {spec.method!r} drafts with {info.takes_heads} heads on the target's states; "
+                    f"{name!r} is {'a set of ' + source.kind + ' heads' if source.heads else 'not'}",
+                    f"use a {info.takes_heads}:<target>/<name> source with options: {{of: TARGET}}",
                 )
     if info.takes_heads and spec.drafter is not None:
         of = recipe.models[spec.drafter].options.get("of")

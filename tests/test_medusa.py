@@ -20,6 +20,7 @@ from specbench.cli import app
 from specbench.decoding import autoregressive, tree_speculative
 from specbench.decoding.medusa import MedusaTreeDrafter
 from specbench.drafters import medusa
+from specbench.drafters.heads import draft_head
 from specbench.errors import SpecbenchError
 from specbench.models.hf import HFModel
 from specbench.models.sampling import SamplingParams
@@ -38,7 +39,7 @@ def random_heads(target: HFModel, heads: int, seed: int, scale: float = 0.5) -> 
             block.linear.weight.copy_(torch.randn(hidden, hidden, generator=generator) * scale / hidden**0.5)
     weight = target.model.get_output_embeddings().weight.detach()
     module = module.to(weight.dtype)
-    return medusa.MedusaDrafter("heads", module, medusa.draft_head(weight, None), target.name)
+    return medusa.MedusaDrafter("heads", module, draft_head(weight, None), target.name)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -145,7 +146,7 @@ def test_a_medusa_recipe_runs_lossless_and_bad_pairings_are_recipe_errors(tmp_pa
     assert all(row["divergence_class"] == "identical" for row in rows if row["method"] == "medusa")
     bad = {
         "speculative with heads": (recipe(tmp_path, "speculative"), "cannot use it"),
-        "medusa with a model": (recipe(tmp_path, drafter="draft"), "drafts with heads"),
+        "medusa with a model": (recipe(tmp_path, drafter="draft"), "drafts with medusa heads"),
         "heads of another model": (recipe(tmp_path, of="draft"), "set models.heads.options.of: target"),
     }
     for label, (data, fix) in bad.items():
@@ -185,7 +186,7 @@ def test_the_vllm_export_holds_what_vllm_computes_the_same_logits_from(tmp_path,
     assert (config["model_type"], config["num_heads"], config["truncated_vocab_size"]) == ("medusa", 3, 5)
     tensors = load_file(str(tmp_path / "model.safetensors"))
     feature = torch.randn(32, dtype=torch.float64)
-    ours = medusa.MedusaDrafter("h", drafter.heads, medusa.draft_head(weight, vocab), "t").logits(feature)
+    ours = medusa.MedusaDrafter("h", drafter.heads, draft_head(weight, vocab), "t").logits(feature)
     for k in range(3):
         w, b = tensors[f"blocks.{k}.layers.0.weight"], tensors[f"blocks.{k}.layers.0.bias"]
         x = feature.float()

@@ -289,7 +289,7 @@ BAD = {
         "duplicate method name 'sd'",
     ),
     "bad method name": (changed(methods__1__name="s d"), "methods[1].name", "not a valid name"),
-    "unknown method": (changed(methods__1__method="eagle"), "methods[1].method", "unknown method 'eagle'"),
+    "unknown method": (changed(methods__1__method="hydra"), "methods[1].method", "unknown method 'hydra'"),
     "missing target model": (changed(methods__0__target="big"), "methods[0].target", "no model named 'big'"),
     "missing drafter model": (
         changed(methods__1__drafter="nope"),

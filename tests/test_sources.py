@@ -23,6 +23,7 @@ RECOGNISED = {
     "distilled:smollm2-135m-instruct/small": "distilled",
     "early-exit": "early-exit",
     "medusa:smollm2-135m-instruct/medusa": "medusa",
+    "eagle:smollm2-135m-instruct/eagle": "eagle",
     "/models/x.gguf": "gguf",
     "org/name": "hub",
     "not-a-model": "hub",  # the hub kind takes the rest, and says why it cannot load it
@@ -31,7 +32,7 @@ RECOGNISED = {
 
 def test_every_kind_is_declared_once_and_recognised_in_order(tmp_path):
     assert list(SOURCES) == [
-        "statistical", "tiny", "smollm2", "distilled", "medusa", "early-exit", "gguf", "local", "hub"
+        "statistical", "tiny", "smollm2", "distilled", "medusa", "eagle", "early-exit", "gguf", "local", "hub"
     ]  # fmt: skip
     for source, kind in RECOGNISED.items():
         assert source_of(source).kind == kind, source

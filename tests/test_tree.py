@@ -212,10 +212,26 @@ def test_a_tree_recipe_runs_lossless_end_to_end(tmp_path):
     report = CliRunner().invoke(app, ["report", str(out)])
     rows = [line for line in report.output.splitlines() if line.startswith("│ tree")]
     assert [row.split()[1] for row in rows] == ["tree[depth=2]", "tree[depth=4]"]  # labels are no markup
-    data["methods"][1]["params"]["nodes"] = 1
-    recipe.write_text(yaml.safe_dump(data))
-    result = CliRunner().invoke(app, ["run", str(recipe), "--output-dir", str(tmp_path / "bad")])
-    assert result.exit_code == 2 and "use nodes >= depth" in result.output
+    bad = {
+        "nodes below depth": ({"params": {"branch": 2, "nodes": 1}}, "use nodes >= depth"),
+        # depth 4, branch 2, frontier 2: 2 + 4 + 4 + 4 nodes, all kept when sampled
+        "sampled tree past nodes": ({"temperature": 1.0}, "a sampled tree keeps all 14 nodes"),
+        "encoder-decoder target": ({"target": "tiny-t5"}, "which serve decoder-only targets"),
+    }
+    for label, (change, message) in bad.items():
+        case = yaml.safe_load(yaml.safe_dump(data))
+        case["methods"][1].update(change.get("params") and {"params": change["params"]} or {})
+        if "temperature" in change:
+            case["generation"]["temperature"] = change["temperature"]
+        if "target" in change:
+            case["models"] = {
+                name: {"source": "tiny-t5", "dtype": "float64", "options": {"vocab_size": 300, "seed": i}}
+                for i, name in enumerate(case["models"])
+            }
+        recipe.write_text(yaml.safe_dump(case))
+        result = CliRunner().invoke(app, ["run", str(recipe), "--output-dir", str(tmp_path / "bad")])
+        assert result.exit_code == 2 and message in result.output, (label, result.output)
+        assert len(result.output.strip().splitlines()) == 1, label
 
 
 def test_compiled_tree_passes_run_their_padded_bucket_and_match_eager(tiny_model):

@@ -483,15 +483,30 @@ def test_plan_counts_the_kv_cache_an_engine_reserves(stub_engine):
 # -- Medusa heads in vLLM -------------------------------------------------------------------------
 
 
-def test_medusa_maps_to_vllms_chain_and_a_tree_is_refused():
+@pytest.mark.parametrize("method", ["medusa", "eagle"])
+def test_heads_map_to_vllms_chain_and_a_tree_is_refused(method):
     from specbench.engines import CellView
     from specbench.engines.vllm import _speculation
 
-    chain = CellView("medusa", {"depth": 3, "branch": 1, "frontier": 1, "nodes": 24}, "h", "medusa", {}, True)
-    assert _speculation(chain) == ({"method": "medusa", "num_speculative_tokens": 3}, None)
-    tree = CellView("medusa", {"depth": 3, "branch": 3, "frontier": 3, "nodes": 24}, "h", "medusa", {}, True)
+    chain = CellView(method, {"depth": 3, "branch": 1, "frontier": 1, "nodes": 24}, "h", method, {}, True)
+    assert _speculation(chain) == ({"method": method, "num_speculative_tokens": 3}, None)
+    tree = CellView(method, {"depth": 3, "branch": 3, "frontier": 3, "nodes": 24}, "h", method, {}, True)
     spec, problem = _speculation(tree)
     assert spec is None and problem[0] == "params.branch" and "chain" in problem[1]
+
+
+def test_an_eagle_head_for_an_engine_points_at_its_vllm_layout(tmp_path):
+    from specbench.drafters.eagle import MANIFEST, HeadForEngine
+    from specbench.errors import SpecbenchError
+
+    (tmp_path / MANIFEST).write_text(json.dumps({"parameters": 1234}))
+    head = HeadForEngine("h", tmp_path)
+    assert head.num_parameters == 1234
+    with pytest.raises(SpecbenchError, match="specbench distill --size eagle"):
+        head.vllm_folder()
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "config.json").write_text("{}")
+    assert head.vllm_folder() == tmp_path / "vllm"
 
 
 def test_heads_for_an_engine_get_a_full_vocabulary_vllm_layout(tmp_path):

@@ -29,6 +29,7 @@ from specbench.models.tree import TokenTree
 
 class MedusaTreeDrafter:
     target_layers = (LAST,)
+    fed_hidden = False
 
     def __init__(self, heads: MedusaDrafter):
         self.heads = heads
@@ -38,11 +39,11 @@ class MedusaTreeDrafter:
     def start(self, prompt_ids: torch.Tensor) -> None:
         self.heads.start(prompt_ids)
 
-    def root(self, tokens: torch.Tensor, last: Pass | None, row: int) -> torch.Tensor | None:
+    def root(self, tokens: torch.Tensor, last: Pass | None, accepted: list[int]) -> torch.Tensor | None:
         if last is None:
             return None
         started = self.counter.begin(self.heads.device)
-        self._logits = self.heads.logits(last.hidden[LAST][row]).to(tokens.device)  # [K, V]
+        self._logits = self.heads.logits(last.hidden[LAST][accepted[-1]]).to(tokens.device)  # [K, V]
         self.counter.end(started, 1, self.heads.device)
         return self._logits[:1]
 
@@ -61,16 +62,7 @@ def _run(params: dict, target, drafter: MedusaDrafter, r: Request) -> Generation
             f"depth {params['depth']} needs {params['depth']} Medusa heads; {drafter.name} has {heads}",
             f"use depth <= {heads}, or train more heads",
         )
-    return tree_speculative.generate(
-        target,
-        MedusaTreeDrafter(drafter),
-        r.prompt_ids,
-        depth=params["depth"],
-        branch=params["branch"],
-        frontier=params["frontier"],
-        nodes=params["nodes"],
-        **r.decoding(),
-    )
+    return tree_speculative.run(params, target, MedusaTreeDrafter(drafter), r)
 
 
 METHODS = (
@@ -86,7 +78,7 @@ METHODS = (
             "nodes": ParamSpec(int, 24, "nodes the target verifies at most (greedy)", 1, 256),
         },
         needs_drafter=True,
-        takes_heads=True,
+        takes_heads="medusa",
         check=tree_speculative.check_tree,
         lossless=always,
         no_replay="the target scores token trees and hands its hidden states to the heads",

@@ -43,6 +43,7 @@ class ModelTreeDrafter:
     """A drafter model grows the tree: one pass at the root, then one tree pass per level."""
 
     target_layers: tuple = ()  # the target's hidden states it reads (none)
+    fed_hidden = False  # whether it reads them at every position a pass fed (the prefill's too)
 
     def __init__(self, model: HFModel):
         self.model = model
@@ -51,7 +52,7 @@ class ModelTreeDrafter:
     def start(self, prompt_ids: torch.Tensor) -> None:
         self.model.start(prompt_ids)
 
-    def root(self, tokens: torch.Tensor, last: Pass | None, row: int) -> torch.Tensor:
+    def root(self, tokens: torch.Tensor, last: Pass | None, accepted: list[int]) -> torch.Tensor:
         return self.model.score(tokens, 0).logits[-1:].to(tokens.device)
 
     def level(self, tokens: torch.Tensor, level: int, tree: TokenTree, expand: list[int]) -> torch.Tensor:
@@ -67,7 +68,7 @@ def draft_tree(
     drafter,
     tokens: torch.Tensor,
     last: Pass | None,
-    row: int,
+    accepted: list[int],
     *,
     depth: int,
     branch: int,
@@ -79,11 +80,12 @@ def draft_tree(
     """A draft tree of at most ``depth`` levels continuing the committed ``tokens`` (module docstring).
 
     ``drafter`` gives the next-token logits at the root (``root``: from the committed tokens, or from
-    row ``row`` of the target's ``last`` pass) and at the nodes it expands (``level``); None from
-    ``root`` means it has nothing to draft from yet (an empty tree)."""
+    the target's ``last`` pass, whose hidden-state rows ``accepted`` are those of the positions it
+    committed) and at the nodes it expands (``level``); None from ``root`` means it has nothing to
+    draft from yet (an empty tree)."""
     device = tokens.device
     empty = TokenTree(tokens[:0], ())
-    root = drafter.root(tokens, last, row) if depth > 0 else None
+    root = drafter.root(tokens, last, accepted) if depth > 0 else None
     if root is None:
         return empty
     rows = sampling.probs(root)  # [1, V]
@@ -223,7 +225,7 @@ def generate(
     tokens: list[int] = []
     steps: list[tuple[int, int]] = []
     generated, stopped = 0, False
-    last, row = None, 0  # the target's previous pass, and the row that gave the last committed token
+    last, accepted = None, []  # the target's previous pass, and its rows at the positions it committed
     while generated < max_new_tokens and not stopped:
         budget = min(depth, max_new_tokens - generated - 1)  # the step's +1 token must fit too
         committed = out[:generated]
@@ -231,7 +233,7 @@ def generate(
             drafter,
             committed,
             last,
-            row,
+            accepted,
             depth=budget,
             branch=branch,
             frontier=frontier,
@@ -239,13 +241,13 @@ def generate(
             sampling=sampling,
             generator=generator,
         )
-        last = target.score_tree(committed, tree, hidden=drafter.target_layers)
+        last = target.score_tree(committed, tree, drafter.target_layers, drafter.fed_hidden)
         if sampling.greedy:
             path, next_token = verify_greedy(tree, last.logits)
         else:
             path, next_token = verify_sampled(tree, sampling.probs(last.logits), generator)
         target.keep_path(path)
-        row = path[-1] + 1 if path else 0
+        accepted = accepted_rows(last, tree, path)
         new = [int(tree.tokens[i]) for i in path] + [next_token]
         out[generated : generated + len(new)] = torch.tensor(new, device=out.device)
         drafter.rollback(generated)
@@ -259,7 +261,16 @@ def generate(
     return Generation(tokens, walltime, ttft, steps, forwards, stopped)
 
 
-def _run(params: dict, target: HFModel, drafter: HFModel, r: Request) -> Generation:
+def accepted_rows(last: Pass, tree: TokenTree, path: list[int]) -> list[int]:
+    """The rows of ``last``'s hidden states at the positions it committed: the committed tokens the
+    pass fed (one, or the prefill's), then the accepted path's nodes."""
+    rows = next(iter(last.hidden.values())).shape[0] if last.hidden else len(tree) + 1
+    committed = rows - len(tree)
+    return [*range(committed), *(committed + node for node in path)]
+
+
+def run(params: dict, target: HFModel, drafter, r: Request) -> Generation:
+    """A tree cell's run: ``drafter`` a model or a tree drafter (Medusa's or EAGLE's heads)."""
     return generate(
         target,
         drafter,
@@ -283,8 +294,18 @@ def tree_sizes(params: dict) -> tuple[int, ...]:
 
 
 def check_tree(params: dict, spec, generation) -> tuple[str, str, str] | None:
+    """``nodes`` bounds every tree the target verifies (the compiled engine compiles that pass size):
+    at least one path of ``depth`` nodes, and, sampled, every node drafted (no node is dropped)."""
     if params["nodes"] < params["depth"]:
         return "nodes", f"nodes {params['nodes']} is below depth {params['depth']}", "use nodes >= depth"
+    drafted = tree_sizes(params | {"nodes": 10**9})[-1]
+    if generation.temperature > 0 and drafted > params["nodes"]:
+        return (
+            "nodes",
+            f"a sampled tree keeps all {drafted} nodes it drafts (depth {params['depth']}, branch "
+            f"{params['branch']}, frontier {params['frontier']}), more than nodes {params['nodes']}",
+            f"use nodes >= {drafted}, or a smaller branch, frontier or depth",
+        )
     return None
 
 
@@ -293,13 +314,18 @@ METHODS = (
         "tree_speculative",
         "speculative decoding with a token tree from a neural drafter, verified in one target pass "
         "(greedy: EAGLE-2's dynamic tree; sampled: recursive rejection sampling)",
-        _run,
+        run,
         {
             "depth": ParamSpec(int, 4, "levels of the tree (the longest draft)", 1, 32),
             "branch": ParamSpec(int, 2, "children of each expanded node", 1, 16),
             "frontier": ParamSpec(int, 2, "nodes expanded at each level, the most probable paths", 1, 16),
             "nodes": ParamSpec(
-                int, 16, "nodes the target verifies at most (greedy; sampled trees keep all)", 1, 256
+                int,
+                16,
+                "nodes the target verifies at most (greedy: the most probable; sampled trees "
+                "keep every node, so nodes must cover them)",
+                1,
+                256,
             ),
         },
         needs_drafter=True,

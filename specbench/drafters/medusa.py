@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.drafters.draft_vocab import DraftVocabHead
+from specbench.drafters.heads import draft_vocab_head, read_manifest
 from specbench.errors import SpecbenchError
 from specbench.models.base import ForwardCounter
 
@@ -75,13 +75,6 @@ class MedusaDrafter:
         return self.lm_head(self.heads(feature.to(self.device)))
 
 
-def draft_head(lm_head_weight: torch.Tensor, ids: torch.Tensor | None) -> nn.Module:
-    """The target's LM head over the draft vocabulary ``ids`` (all tokens when None)."""
-    vocab = lm_head_weight.shape[0]
-    ids = torch.arange(vocab, device=lm_head_weight.device) if ids is None else ids
-    return DraftVocabHead(lm_head_weight, ids.to(lm_head_weight.device), vocab)
-
-
 def save(folder: Path, heads: MedusaHeads, manifest: dict) -> None:
     from safetensors.torch import save_file
 
@@ -130,29 +123,12 @@ def load(folder: Path, name: str, target, where: str) -> MedusaDrafter:
     trained for another hidden size or vocabulary."""
     from safetensors.torch import load_file
 
-    manifest_path, weights = folder / MANIFEST, folder / HEADS_FILE
-    if not manifest_path.is_file() or not weights.is_file():
-        raise SpecbenchError(
-            f"{where}.source",
-            f"no Medusa heads in {folder}",
-            "train them with `specbench distill --size medusa`, or set SPECBENCH_CACHE to where they are",
-        )
-    manifest = json.loads(manifest_path.read_text())
-    config = target.model.config.get_text_config()
-    for field, have in (("hidden_size", config.hidden_size), ("vocab_size", target.vocab_size)):
-        if manifest[field] != have:
-            raise SpecbenchError(
-                f"{where}.options.of",
-                f"the heads in {folder} were trained for a {field} of {manifest[field]}, "
-                f"{target.name} has {have}",
-                "train heads for this target (specbench distill --target ... --size medusa)",
-            )
+    manifest = read_manifest(folder, (MANIFEST, HEADS_FILE), "medusa", "Medusa heads", target, where)
     heads = MedusaHeads(manifest["hidden_size"], manifest["heads"])
-    heads.load_state_dict(load_file(str(weights)))
+    heads.load_state_dict(load_file(str(folder / HEADS_FILE)))
     weight = target.model.get_output_embeddings().weight.detach()
     heads = heads.to(device=weight.device, dtype=weight.dtype)
-    ids = torch.tensor(manifest["draft_vocab"], dtype=torch.long) if manifest.get("draft_vocab") else None
-    return MedusaDrafter(name, heads, draft_head(weight, ids), target.name)
+    return MedusaDrafter(name, heads, draft_vocab_head(target, manifest), target.name)
 
 
 class HeadsForEngine:

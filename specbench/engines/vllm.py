@@ -86,23 +86,28 @@ PASSED = (  # engine_options that go to vllm.LLM as they are
 )
 
 
+HEADS = {"medusa": "Medusa", "eagle": "EAGLE"}  # our method -> vLLM's method of the same name
+
+
 def _speculation(cell: CellView) -> tuple[dict | None, Problem]:
     if cell.method == "autoregressive":
         return None, None
-    if cell.method == "medusa":
+    if cell.method in HEADS:
         if cell.params["branch"] != 1 or cell.params["frontier"] != 1:
             return None, (
                 "params.branch",
-                "vLLM's Medusa verifies a chain (each head's top token), not a token tree",
-                "use branch: 1 and frontier: 1 (our medusa cell with the same params verifies that chain)",
+                f"vLLM's {HEADS[cell.method]} verifies a chain here, not a token tree (vLLM's tree "
+                "attention serves EAGLE on GPUs only)",
+                f"use branch: 1 and frontier: 1 (our {cell.method} cell with the same params verifies "
+                "that chain)",
             )
-        return {"method": "medusa", "num_speculative_tokens": cell.params["depth"]}, None
+        return {"method": cell.method, "num_speculative_tokens": cell.params["depth"]}, None
     if cell.method != "speculative":
         return None, (
             "method",
             f"vLLM has no method {cell.method!r} mapped in specbench",
-            "use autoregressive, speculative (a prompt-lookup or model drafter) or medusa (a chain) "
-            "on an engine: vllm target",
+            "use autoregressive, speculative (a prompt-lookup or model drafter), medusa or eagle (a "
+            "chain) on an engine: vllm target",
         )
     if cell.params.get("lenience", 1.0) != 1.0:
         return None, ("params.lenience", "vLLM's rejection sampler has no lenience", "use lenience: 1")
@@ -128,7 +133,7 @@ def _speculation(cell: CellView) -> tuple[dict | None, Problem]:
             "prompt_lookup_min": 1,
         }
         return spec, None
-    if cell.drafter_kind in {"tiny", "early_exit", "medusa"}:  # medusa heads: method medusa above
+    if cell.drafter_kind in {"tiny", "early_exit", *HEADS}:  # heads: their methods above
         return None, (
             "drafter",
             f"vLLM loads a draft model from a directory; {cell.drafter!r} ({cell.drafter_kind}) has none",
@@ -181,7 +186,7 @@ class VLLMTarget(EngineModel):
         spec = dict(spec) if spec else None
         if spec and spec["method"] == "draft_model":
             spec["model"] = _directory_of(getattr(drafter, "model", None), f"models.{drafter.name}.source")
-        if spec and spec["method"] == "medusa":
+        if spec and spec["method"] in HEADS:
             spec["model"] = str(drafter.vllm_folder())
         return spec
 
@@ -296,12 +301,13 @@ def generation_from_answer(
     }
     settings = started.get("settings") or {}
     method = (spec or {}).get("method")
-    if method in ("draft_model", "medusa"):
+    if method in ("draft_model", *HEADS):
         drafting = [d for d, _ in steps if d]
+        per_token = method != "medusa"  # a draft model and EAGLE's head: a pass per proposed token
         forwards[drafter or "drafter"] = {
-            # a draft model runs one pass per proposed token; Medusa's heads one pass per step
-            "forward_passes": sum(drafting) if method == "draft_model" else len(drafting),
-            "tokens_scored": sum(drafting) if method == "draft_model" else len(drafting),
+            # Medusa's heads: one pass per step
+            "forward_passes": sum(drafting) if per_token else len(drafting),
+            "tokens_scored": sum(drafting) if per_token else len(drafting),
             "encoder_passes": 0,
             "seconds": 0.0,  # inside the target's engine seconds
         }

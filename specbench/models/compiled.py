@@ -270,7 +270,9 @@ class CompiledHFModel(HFModel):
         return Pass(logits, states)
 
     @torch.inference_mode()
-    def score_tree(self, tokens: torch.Tensor, tree: TokenTree, hidden: tuple[Layer, ...] = ()) -> Pass:
+    def score_tree(
+        self, tokens: torch.Tensor, tree: TokenTree, hidden: tuple[Layer, ...] = (), fed_hidden: bool = False
+    ) -> Pass:
         """:meth:`HFModel.score_tree` on the static cache: the nodes' entries are written after the
         committed positions, and the mask spans the whole cache (what lies past them is masked). A
         pass of up to a tree bucket's tokens runs that bucket's compiled graph, padded with rows that
@@ -286,7 +288,7 @@ class CompiledHFModel(HFModel):
         bucket = next((b for b in self.tree_buckets if b >= fed), None)
         if bucket is not None and ("tree", bucket, self.capacity, bool(hidden)) not in self._compiled:
             self._compile_tree(bucket, bool(hidden))  # outside the counter's time
-            return self.score_tree(tokens, tree, hidden)
+            return self.score_tree(tokens, tree, hidden, fed_hidden)
         dtype = self.model.get_input_embeddings().weight.dtype
         size = fed if bucket is None else bucket
         ids, mask, positions = self._tree_buffers(size, dtype) if bucket else self._tree_scratch(size, dtype)
@@ -305,7 +307,8 @@ class CompiledHFModel(HFModel):
         self.counter.end(started, fed, self.device, context=keep)
         rows = slice(fed - len(tree) - 1, fed)
         logits = output.logits[0, rows] if bucket else output.logits[0]
-        states = pick_hidden(output.hidden_states, hidden, rows, self.name) if hidden else {}
+        fed_rows = slice(0, fed) if fed_hidden else rows
+        states = pick_hidden(output.hidden_states, hidden, fed_rows, self.name) if hidden else {}
         if bucket is not None and self.device.type == "cuda":  # a CUDA graph's next replay overwrites
             logits = logits.clone()
             states = {layer: state.clone() for layer, state in states.items()}

@@ -113,11 +113,14 @@ class HFModel:
         return Pass(logits, states)
 
     @torch.inference_mode()
-    def score_tree(self, tokens: torch.Tensor, tree: TokenTree, hidden: tuple[Layer, ...] = ()) -> Pass:
+    def score_tree(
+        self, tokens: torch.Tensor, tree: TokenTree, hidden: tuple[Layer, ...] = (), fed_hidden: bool = False
+    ) -> Pass:
         """One forward pass over the committed tokens the cache lacks and every node of ``tree`` under
         tree attention: logits ``[len(tree) + 1, V]``, row 0 after ``tokens``, row i + 1 after node i
-        (and the ``hidden`` layers' states at the same positions). The nodes' entries stay in the cache
-        until :meth:`keep_path` keeps one path of them."""
+        (and the ``hidden`` layers' states at the same positions; ``fed_hidden``: at every position the
+        pass fed, the committed ones the cache lacked first, so the last ``len(tree) + 1`` rows are the
+        logits' rows). The nodes' entries stay in the cache until :meth:`keep_path` keeps one path."""
         if self.is_encoder_decoder:
             raise ValueError(f"{self.name}: tree verification serves decoder-only models")
         tokens, nodes = tokens.to(self.device), tree.tokens.to(self.device)
@@ -144,7 +147,8 @@ class HFModel:
         output = self.model(**kwargs)
         self.counter.end(started, fed, self.device, context=keep)
         rows = slice(-(len(tree) + 1), None)
-        states = pick_hidden(output.hidden_states, hidden, rows, self.name) if hidden else {}
+        fed_rows = slice(-fed, None) if fed_hidden else rows
+        states = pick_hidden(output.hidden_states, hidden, fed_rows, self.name) if hidden else {}
         self._cached = total
         self._tree = (total, len(tree))
         return Pass(output.logits[0, rows], states)

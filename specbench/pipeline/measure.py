@@ -161,6 +161,13 @@ class Measurer:
             if missing:
                 raise SpecbenchError(f"{self.recipe.path}: models.{cell.target}.engine", *missing)
         target = self.model(cell.target)
+        if METHODS[cell.method].tree_sizes(cell.params) and getattr(target, "is_encoder_decoder", False):
+            raise SpecbenchError(
+                f"{self.recipe.path}: methods.{cell.method_name}.target",
+                f"{cell.method} verifies token trees, which serve decoder-only targets ({cell.target!r} "
+                "is an encoder-decoder)",
+                "use a decoder-only target, or method speculative (a chain) for this one",
+            )
         for name in drafter_names(cell):
             self._check_vocab(cell, name, target, self.model(name))
 
@@ -267,7 +274,8 @@ class Measurer:
         longest = prompts + (dataset.max_new_tokens or self.recipe.generation.max_new_tokens)
         lengths = METHODS[cell.method].draft_lengths(cell.params)
         trees = METHODS[cell.method].tree_sizes(cell.params)
-        hidden = METHODS[cell.method].takes_heads  # heads read the target's states: its graphs return them
+        # heads read the target's states: its graphs return them
+        hidden = bool(METHODS[cell.method].takes_heads)
         cached = models.compile_cache()
         with self.console.status(f"compiling {', '.join(m.name for m in compiled)} for {cell.id}"):
             seconds = sum(

@@ -122,6 +122,8 @@ RULES = {
     "target pass, over the tree so far",
     "medusa": "target as speculative with k = depth (a lower bound, as for trees), each pass over up to "
     "`nodes` tokens; the heads: one evaluation per target pass",
+    "eagle": "target as speculative with k = depth (a lower bound, as for trees), each pass over up to "
+    "`nodes` tokens; the head: depth passes per target pass (the committed positions, then a level each)",
 } | {method: SPECULATIVE_RULE for method in DRAFT_K}
 
 
@@ -142,10 +144,10 @@ def expected_passes(cell, tokens: float, alpha: float) -> tuple[dict[str, float]
         k = budgets[-1]
         steps = tokens / leviathan_tokens_per_step(alpha, k)
         return {target: steps} | {d: b * steps for d, b in zip(drafters, budgets, strict=False)}, k
-    elif method in ("tree_speculative", "medusa"):
+    elif method in ("tree_speculative", "medusa", "eagle"):
         k = params["depth"]
         steps = tokens / leviathan_tokens_per_step(alpha, k)
-        return {target: steps, drafters[0]: (k if method == "tree_speculative" else 1) * steps}, k
+        return {target: steps, drafters[0]: (1 if method == "medusa" else k) * steps}, k
     elif method == "oracle_sd":
         return {target: tokens * (1 - alpha), drafters[0]: tokens}, None
     elif method in ("token_cascade", "seq_cascade"):

@@ -62,6 +62,9 @@ STUDENTS = {
     "base": StudentConfig("base", epochs=2.0, lr=1e-3, draft_vocab=8192),
     # Medusa-1 heads on the frozen target (specbench.training.medusa); batch_tokens: positions a step
     "medusa": StudentConfig("medusa", epochs=2.0, lr=1e-3, batch_tokens=1024, draft_vocab=8192),
+    # an EAGLE head on the frozen target's features (specbench.training.eagle); batch_tokens: padded
+    # positions a step
+    "eagle": StudentConfig("eagle", epochs=3.0, lr=1e-3, batch_tokens=4096, draft_vocab=8192),
 }
 EXIT_DEFAULTS = {"epochs": 1.0, "lr": 1e-3}
 
@@ -74,7 +77,9 @@ def student_config(size: str, **overrides) -> StudentConfig:
         overrides.pop("draft_vocab", None)  # an exit head shares the target's full head
     else:
         raise SpecbenchError(
-            "--size", f"unknown drafter size {size!r}", "use small, base, medusa or exit<N> (e.g. exit4)"
+            "--size",
+            f"unknown drafter size {size!r}",
+            "use small, base, medusa, eagle or exit<N> (e.g. exit4)",
         )
     return StudentConfig(**(asdict(base) | {k: v for k, v in overrides.items() if v is not None}))
 
@@ -274,8 +279,8 @@ def distill(
     train = [data[i] for i in split[n_held:]]
     saved = []
     for config in students:
-        if config.size == "medusa":
-            saved.append(_train_medusa(target, teacher, train, held_out, config, progress))
+        if config.size in HEADS:
+            saved.append(_train_heads(target, teacher, train, held_out, config, progress))
             continue
         student = build_student(target.model, config.size, config.seed)
         vocab = None
@@ -293,28 +298,61 @@ def distill(
     return saved
 
 
-def _train_medusa(target, teacher: TeacherConfig, train, held_out, config: StudentConfig, progress) -> Path:
-    from specbench.drafters import medusa
-    from specbench.training.medusa import MEDUSA_HEADS, train_heads
+HEADS = ("medusa", "eagle")  # trained on the frozen target's states, saved with its own manifest
+
+
+def _train_heads(target, teacher: TeacherConfig, train, held_out, config: StudentConfig, progress) -> Path:
+    """Medusa heads or an EAGLE head on ``target``, saved with their manifest and vLLM's layout."""
+    from specbench.drafters import eagle, medusa
+    from specbench.drafters.heads import target_facts
 
     vocab = draft_vocabulary(train, config.draft_vocab or target.vocab_size, target)
-    heads, record = train_heads(target, train, held_out, config, vocab, progress)
-    text = target.model.config.get_text_config()
-    manifest = {
-        "size": "medusa",
-        "heads": MEDUSA_HEADS,
-        "hidden_size": text.hidden_size,
-        "vocab_size": target.vocab_size,
+    manifest = {"size": config.size, **target_facts(target)}
+    if config.size == "medusa":
+        from specbench.training.medusa import MEDUSA_HEADS, train_heads
+
+        module, record = train_heads(target, train, held_out, config, vocab, progress)
+        manifest["heads"] = MEDUSA_HEADS
+    else:
+        from specbench.training.eagle import train_head
+
+        features_at = cache.cache_dir() / "distill" / _slug(teacher.target) / f"features-{teacher.key()}"
+        module, record = train_head(target, train, held_out, config, vocab, progress, features_at)
+    manifest |= {
         "draft_vocab": vocab.tolist(),
-        "parameters": sum(p.numel() for p in heads.parameters()),
+        "parameters": sum(p.numel() for p in module.parameters()),
         "teacher": asdict(teacher) | {"origin": getattr(target, "origin", ""), "key": teacher.key()},
         "student": asdict(config),
         **record,
     }
-    folder = cache.distilled_dir(f"{_slug(teacher.target)}/medusa")
-    medusa.save(folder, heads, manifest)
-    medusa.save_vllm(folder / "vllm", heads, target.model.get_output_embeddings().weight, vocab)
+    folder = cache.distilled_dir(f"{_slug(teacher.target)}/{config.size}")
+    if config.size == "medusa":
+        medusa.save(folder, module, manifest)
+        medusa.save_vllm(folder / "vllm", module, target.model.get_output_embeddings().weight, vocab)
+    else:
+        eagle.save(folder, module, manifest)
+        eagle.save_vllm(folder / "vllm", module, target.model)
     (folder / "distill.json").write_text(
         json.dumps({k: v for k, v in manifest.items() if k != "draft_vocab"}, indent=1)
     )
+    write_training_curve(folder / "training_curve.png", record, f"{config.size} on {teacher.target}")
     return folder
+
+
+def write_training_curve(path: Path, record: dict, title: str) -> Path:
+    """The training loss by step, and the held-out agreement before and after, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(5, 3.5))
+    axis.plot([p["step"] for p in record["curve"]], [p["loss"] for p in record["curve"]])
+    before, after = record["held_out_accuracy_before"], record["held_out_accuracy_after"]
+    agreement = ", ".join(f"{b:.2f}->{a:.2f}" for b, a in zip(before, after, strict=True))
+    axis.set(xlabel="step", ylabel="training loss", title=f"{title}\nheld-out agreement {agreement}")
+    axis.title.set_fontsize(8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path

@@ -23,9 +23,12 @@ IGNORE = -100
 
 
 @torch.inference_mode()
-def target_features(target, sequences: list[Sequence], progress, batch_size: int = 16) -> list[torch.Tensor]:
+def target_features(
+    target, sequences: list[Sequence], progress, batch_size: int = 16, whole: bool = False
+) -> list[torch.Tensor]:
     """The target's last hidden state (after the final norm, what its LM head reads) at each
-    sequence's positions ``start - 1 ..``, in bfloat16 (half the memory, ample for training)."""
+    sequence's positions ``start - 1 ..`` (``whole``: at every position), in bfloat16 (half the
+    memory, ample for training)."""
     out: list[torch.Tensor | None] = [None] * len(sequences)
     order = sorted(range(len(sequences)), key=lambda i: sequences[i].ids.shape[0])
     task = progress.add_task("target features", total=len(sequences), stats="")
@@ -35,7 +38,8 @@ def target_features(target, sequences: list[Sequence], progress, batch_size: int
         hidden = target.model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
         for row, i in enumerate(batch):
             s = sequences[i]
-            out[i] = hidden[row, s.start - 1 : s.ids.shape[0]].to(torch.bfloat16).cpu()
+            first = 0 if whole else s.start - 1
+            out[i] = hidden[row, first : s.ids.shape[0]].to(torch.bfloat16).cpu()
         progress.advance(task, len(batch))
     return out
 

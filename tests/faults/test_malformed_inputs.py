@@ -146,7 +146,8 @@ def method_parameter_cases() -> list[Case]:
                 data["models"]["mag"] = {"source": "maxgram"}
                 entry["drafters"] = ["draft", "mag"]
             elif method.takes_heads:  # heads on the target's states (validated, never loaded here)
-                data["models"]["heads"] = {"source": "medusa:tiny-llama/medusa", "options": {"of": "target"}}
+                heads = f"{method.takes_heads}:tiny-llama/{method.takes_heads}"
+                data["models"]["heads"] = {"source": heads, "options": {"of": "target"}}
                 entry["drafter"] = "heads"
             elif method.needs_drafter:
                 entry["drafter"] = "draft"

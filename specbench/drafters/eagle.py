@@ -1,0 +1,245 @@
+"""EAGLE heads (Li, Wei, Zhang and Zhang, "EAGLE: Speculative Sampling Requires Rethinking Feature
+Uncertainty", ICML 2024; the dynamic tree of "EAGLE-2: Faster Inference of Language Models with
+Dynamic Draft Trees", EMNLP 2024).
+
+The head autoregresses on the target's *features*, its final hidden state f_t (after the final norm,
+what its LM head reads): at position t it reads ``fc([embedding(x_{t+1}); f_t])`` (the token one step
+ahead resolves the feature's uncertainty), runs one decoder layer of the target's own kind (EAGLE-1
+drops that layer's input norm) and predicts f̂_{t+1}; the target's LM head, frozen and here restricted
+to a draft vocabulary (FR-Spec, :mod:`specbench.drafters.draft_vocab`), turns it into the next token's
+distribution. The token embedding is the target's too, so the head's own weights are the ``fc`` and
+the layer (about 4M parameters on SmolLM2-135M).
+
+Drafting (:class:`EagleDrafter`): after each verification the head reads the target's features at
+every position just committed (one pass, its KV cache extended), then grows the tree a level at a time,
+each expanded node fed its parent's predicted feature and its own token, under tree attention. The
+head's tree entries are dropped before the next step, which re-reads the accepted positions with the
+target's true features.
+
+Saved as ``eagle_head.safetensors`` + ``eagle.json`` (the target's config fields it was built with,
+the draft vocabulary, the training record) in ``<cache>/drafters/<target>/eagle``; loaded by the
+``eagle:`` source. :func:`save_vllm` writes vLLM's ``eagle`` layout beside it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specbench.drafters.heads import draft_vocab_head, read_manifest
+from specbench.errors import SpecbenchError
+from specbench.models.base import LAST, ForwardCounter, Pass
+from specbench.models.tree import ROOT, TokenTree
+
+HEAD_FILE = "eagle_head.safetensors"
+MANIFEST = "eagle.json"
+
+
+def head_config(target_model):
+    """The target's text config cut to one decoder layer, its attention the portable SDPA kernel."""
+    config = copy.deepcopy(target_model.config.get_text_config())
+    config.num_hidden_layers = 1
+    config._attn_implementation = "sdpa"
+    return config
+
+
+class EagleHead(nn.Module):
+    """``forward(embeddings, features) -> predicted next features``, one decoder layer of the target's
+    class (``layer_type``, ``rotary_type``: the target's decoder layer and rotary embedding classes)."""
+
+    def __init__(self, config, layer_type: type, rotary_type: type):
+        super().__init__()
+        hidden = config.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden, bias=False)  # vLLM's EAGLE layout has no bias
+        self.layer = layer_type(config, layer_idx=0)
+        self.layer.input_layernorm = nn.Identity()  # EAGLE-1: the fc output enters the layer unnormed
+        self.rotary = rotary_type(config=config)
+
+    @classmethod
+    def for_target(cls, target_model) -> EagleHead:
+        base = target_model.base_model
+        return cls(head_config(target_model), type(base.layers[0]), type(base.rotary_emb))
+
+    def forward(self, embeddings, features, positions, mask, cache=None) -> torch.Tensor:
+        """``embeddings``, ``features``: [B, T, H]; ``positions``: [B, T]; ``mask``: bool
+        [B, 1, T, cached + T] (True: attend)."""
+        hidden = self.fc(torch.cat([embeddings, features], dim=-1))
+        out = self.layer(
+            hidden,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=cache,
+            use_cache=cache is not None,
+            position_embeddings=self.rotary(hidden, positions),
+        )
+        return out[0] if isinstance(out, tuple) else out
+
+
+def causal_mask(cached: int, new: int, device) -> torch.Tensor:
+    """[1, 1, new, cached + new]: each new position sees the cache and the new ones up to itself."""
+    seen = torch.ones(new, cached + new, dtype=torch.bool, device=device)
+    seen[:, cached:] = torch.ones(new, new, dtype=torch.bool, device=device).tril()
+    return seen[None, None]
+
+
+class EagleDrafter:
+    """The head on one target, as a tree drafter (:func:`specbench.decoding.tree_speculative.draft_tree`):
+    ``root`` reads the target's features at the newly committed positions, ``level`` expands nodes."""
+
+    target_layers = (LAST,)
+    fed_hidden = True  # the prefill's features too: the head reads every committed position once
+
+    def __init__(
+        self, name: str, head: EagleHead, embeddings: nn.Module, lm_head: nn.Module, target_name: str
+    ):
+        self.name = name
+        self.head = head.eval()
+        self.embeddings, self.lm_head = embeddings, lm_head
+        self.target_name = target_name
+        self.counter = ForwardCounter()
+        self.num_parameters = sum(p.numel() for p in head.parameters())
+        self.device = next(head.parameters()).device
+
+    def start(self, prompt_ids: torch.Tensor) -> None:
+        from transformers import DynamicCache
+
+        self.counter.reset()
+        self._prompt = prompt_ids.to(self.device)
+        self._cache = DynamicCache()
+        self._pairs = 0  # committed positions t whose (x_{t+1}, f_t) the cache holds
+        self._features: dict[int, torch.Tensor] = {}  # tree node (ROOT first) -> its predicted feature
+        self._slots: dict[int, int] = {}  # expanded tree node -> its cache entry
+
+    def _pass(self, tokens, features, positions, mask) -> torch.Tensor:
+        cached = self._cache.get_seq_length()
+        started = self.counter.begin(self.device)
+        out = self.head(self.embeddings(tokens[None]), features[None], positions[None], mask, self._cache)
+        self.counter.end(started, tokens.shape[0], self.device, context=cached)
+        return out[0]
+
+    @torch.inference_mode()
+    def root(self, tokens: torch.Tensor, last: Pass | None, accepted: list[int]) -> torch.Tensor | None:
+        """The head's logits for the token after the committed ``tokens``; ``accepted``: the rows of
+        ``last``'s features at the positions committed since the head's last read."""
+        if last is None:
+            return None
+        held = self._cache.get_seq_length()
+        if held > self._pairs:
+            self._cache.crop(self._pairs - held)  # the previous step's tree entries
+        sequence = torch.cat([self._prompt, tokens.to(self.device)])
+        new_tokens = sequence[self._pairs + 1 :]
+        features = last.hidden[LAST][accepted].to(self.device, self.fc_dtype)
+        if new_tokens.shape[0] != features.shape[0]:
+            raise RuntimeError(
+                f"{self.name}: {features.shape[0]} target features for {new_tokens.shape[0]} new positions"
+            )
+        n = new_tokens.shape[0]
+        positions = torch.arange(self._pairs, self._pairs + n, device=self.device)
+        out = self._pass(new_tokens, features, positions, causal_mask(self._pairs, n, self.device))
+        self._pairs += n
+        self._features = {ROOT: out[-1]}
+        self._slots = {}
+        return self.lm_head(out[-1:]).to(tokens.device)
+
+    @torch.inference_mode()
+    def level(self, tokens: torch.Tensor, level: int, tree: TokenTree, expand: list[int]) -> torch.Tensor:
+        """Logits after each node of ``expand`` (all at depth ``level``): each reads its parent's
+        predicted feature and its own token, seeing the committed positions and its ancestors."""
+        cached = self._cache.get_seq_length()
+        n = len(expand)
+        mask = torch.zeros(1, 1, n, cached + n, dtype=torch.bool, device=self.device)
+        mask[..., : self._pairs] = True
+        for row, node in enumerate(expand):
+            for ancestor in tree.path(node)[:-1]:
+                mask[0, 0, row, self._slots[ancestor]] = True
+            mask[0, 0, row, cached + row] = True
+        features = torch.stack([self._features[tree.parents[i]] for i in expand])
+        positions = torch.full((n,), self._pairs + level - 1, dtype=torch.long, device=self.device)
+        out = self._pass(tree.tokens[expand].to(self.device), features, positions, mask)
+        for row, node in enumerate(expand):
+            self._features[node] = out[row]
+            self._slots[node] = cached + row
+        return self.lm_head(out).to(tokens.device)
+
+    @property
+    def fc_dtype(self) -> torch.dtype:
+        return self.head.fc.weight.dtype
+
+    def rollback(self, n_tokens: int) -> None:
+        pass  # the next root drops the tree entries; committed positions are re-read from the target
+
+
+def save(folder: Path, head: EagleHead, manifest: dict) -> None:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous() for k, v in head.state_dict().items() if not k.startswith("rotary.")}
+    save_file(state, str(folder / HEAD_FILE))
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def save_vllm(folder: Path, head: EagleHead, target_model) -> None:
+    """The head in vLLM's ``eagle`` layout for Llama targets (``vllm/model_executor/models/
+    llama_eagle.py``): ``config.json`` (the target's, one layer, ``EagleLlamaForCausalLM``) and
+    ``model.safetensors`` with ``fc.weight`` and ``layers.0.*`` (no input norm; vLLM takes the embedding
+    and LM head from the target, and its LM head is the full vocabulary). Pass the folder as vLLM's
+    draft ``model`` with ``method: eagle``."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {"fc.weight": head.fc.weight.detach().float().contiguous()}
+    for key, value in head.layer.state_dict().items():
+        tensors[f"layers.0.{key}"] = value.detach().float().contiguous()
+    save_file(tensors, str(folder / "model.safetensors"))
+    config = head_config(target_model).to_dict()
+    config.pop("_attn_implementation", None)
+    config.update(architectures=["EagleLlamaForCausalLM"], num_hidden_layers=1, torch_dtype="float32")
+    (folder / "config.json").write_text(json.dumps(config, indent=1, default=str) + "\n")
+
+
+class HeadForEngine:
+    """An EAGLE head whose target runs on a serving engine: the engine loads it (vLLM's ``eagle``
+    layout, written by ``specbench distill --size eagle``), so this process keeps where it is and
+    its size (for SWI's cost tables)."""
+
+    def __init__(self, name: str, folder: Path):
+        manifest = json.loads((folder / MANIFEST).read_text())
+        self.name, self.folder = name, folder
+        self.num_parameters = manifest["parameters"]
+        self.origin = f"EAGLE head {folder}, loaded by the engine"
+
+    def vllm_folder(self) -> Path:
+        out = self.folder / "vllm"
+        if not (out / "config.json").is_file():
+            raise SpecbenchError(
+                f"models.{self.name}.source",
+                f"no vLLM layout of the EAGLE head in {out}",
+                "train it again with `specbench distill --size eagle` (it writes the vLLM layout)",
+            )
+        return out
+
+
+def load(folder: Path, name: str, target, where: str) -> EagleDrafter:
+    """The head in ``folder`` on ``target`` (an HFModel): refused with one line when it was trained for
+    another hidden size, vocabulary, layer count or decoder layer shape."""
+    from safetensors.torch import load_file
+
+    manifest = read_manifest(folder, (MANIFEST, HEAD_FILE), "eagle", "EAGLE head", target, where)
+    head = EagleHead.for_target(target.model)
+    try:
+        head.load_state_dict(load_file(str(folder / HEAD_FILE)))
+    except RuntimeError as error:  # same widths, another layer shape (heads, MLP width, biases)
+        raise SpecbenchError(
+            f"{where}.options.of",
+            f"the EAGLE head in {folder} does not fit {target.name}'s decoder layer "
+            f"({str(error).splitlines()[-1].strip()[:120]})",
+            "train a head for this target (specbench distill --target ... --size eagle)",
+        ) from None
+    weight = target.model.get_output_embeddings().weight.detach()
+    head = head.to(device=weight.device, dtype=weight.dtype)
+    embeddings = target.model.get_input_embeddings()
+    return EagleDrafter(name, head, embeddings, draft_vocab_head(target, manifest), target.name)

@@ -1,0 +1,16 @@
+"""``eagle:<target>/<name>``: an EAGLE head trained by ``specbench distill --size eagle`` on the recipe
+model ``options.of`` (its target, whose features it reads and whose embedding and LM head it shares),
+from ``<cache>/drafters/<target>/<name>`` (:mod:`specbench.drafters.eagle`)."""
+
+from __future__ import annotations
+
+from specbench.sources.heads import heads_source
+
+SOURCE = heads_source(
+    "eagle",
+    "an EAGLE head",
+    "eagle",
+    parameters=lambda m: m["parameters"],
+    order=36,
+    for_engine="HeadForEngine",
+)

@@ -1,0 +1,88 @@
+"""What the sources of heads on a target's states share (``medusa:``, ``eagle:``): a name
+``<kind>:<target>/<name>`` for a folder under the distilled-drafter cache, the option ``of`` naming
+the recipe model whose states they read, a loader that checks they were trained for it, and size facts
+read from their manifest before anything loads. Each kind is one call of :func:`heads_source`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from specbench.errors import SpecbenchError
+from specbench.models import cache
+from specbench.sources import LoadContext, Source
+
+
+def heads_source(
+    kind: str,
+    title: str,
+    drafter: str,
+    parameters: Callable[[dict], int],
+    order: int,
+    for_engine: str,
+) -> Source:
+    """A :class:`Source` for ``<kind>:<target>/<name>``: ``drafter`` the module of
+    :mod:`specbench.drafters` that holds ``MANIFEST`` and ``load``; ``parameters(manifest)`` their
+    own weights (the target's shared embedding and LM head not counted); ``for_engine`` the class in
+    that module that stands for them when their target runs on a serving engine."""
+    prefix = f"{kind}:"
+
+    def folder(source: str):
+        return cache.distilled_dir(source.removeprefix(prefix))
+
+    def module():
+        import importlib
+
+        return importlib.import_module(f"specbench.drafters.{drafter}")
+
+    def load(context: LoadContext):
+        request, where = context.request, context.where
+        of = request.opts.get("of")
+        if of is None:
+            raise SpecbenchError(f"{where}.options.of", f"{title}: no target named", "add of: TARGET")
+        served = context.resolve(of) if context.resolve is not None else None
+        if getattr(served, "serving_dtype", None) is not None:  # a serving engine loads them itself
+            return getattr(module(), for_engine)(request.name, folder(request.source))
+        base = context.base_model(of, title)
+        heads = module().load(folder(request.source), request.name, base, where)
+        heads.origin = f"{kind} {folder(request.source)} on {of}"
+        return heads
+
+    def facts(name, models, dtype):
+        from specbench.models.facts import DTYPE_BYTES, ModelFacts
+
+        spec = models[name]
+        path = folder(spec.source) / module().MANIFEST
+        if not path.is_file():
+            raise SpecbenchError(
+                f"models.{name}.source",
+                f"no {title} at {path.parent}",
+                f"train them with specbench distill --size {kind}",
+            )
+        manifest = json.loads(path.read_text())
+        params = parameters(manifest)
+        origin = f"{title} on {spec.options.get('of')} (share its LM head)"
+        return ModelFacts(
+            name,
+            spec.source,
+            origin,
+            dtype,
+            params,
+            params * DTYPE_BYTES[dtype],
+            0,
+            shares=spec.options.get("of"),
+        )
+
+    return Source(
+        kind,
+        f"{prefix}<target>/<name>: {title} trained by specbench distill --size {kind}",
+        matches=lambda source: source.startswith(prefix),
+        load=load,
+        facts=facts,
+        options=("of",),
+        order=order,
+        neural=False,
+        fixed_weights=True,
+        dtype_rule=None,
+        heads=True,
+    )

@@ -1,0 +1,191 @@
+"""Training an EAGLE head (Li et al., ICML 2024) on the frozen target's features.
+
+The data is the distillation teacher data (:func:`specbench.training.teacher.teacher_data`): the
+target's own greedy answers to training prompts and GSM8K train reference answers, never evaluation
+prompts. One no-grad pass of the target gives its final feature f_t at every position (cached on disk,
+the pass is most of the CPU time). At position t the head reads (x_{t+1}, f_t + noise) and learns
+f_{t+1}: EAGLE's loss, a smooth-L1 regression on the feature plus 0.1 x the cross-entropy of the
+next-token distribution it gives through the frozen LM head against the target's own (soft labels,
+over the draft vocabulary), on the answer positions. Uniform feature noise U(-0.1, 0.1) as in EAGLE;
+and, as in EAGLE-3's "training-time test" (Li et al., 2025), a second unrolled step in which every
+position reads the head's own (detached) prediction instead of the target's feature, as the tree's
+deeper levels do. Deterministic (seeded order and noise).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specbench.drafters.eagle import EagleHead, causal_mask
+from specbench.training.medusa import target_features
+from specbench.training.teacher import Sequence
+
+NOISE = 0.1  # EAGLE's uniform feature noise, U(-NOISE, NOISE)
+CLASSIFICATION_WEIGHT = 0.1  # EAGLE's w_cls
+UNROLL = 2  # teacher-forced step, then one step on the head's own features (EAGLE-3's training-time test)
+MAX_SEQUENCE = 512
+
+
+def cached_features(target, sequences: list[Sequence], path: Path, progress) -> list[torch.Tensor]:
+    """:func:`target_features` at every position, kept at ``path`` for the next training run."""
+    if path.is_file():
+        return torch.load(path, weights_only=True)
+    features = target_features(target, sequences, progress, whole=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".tmp")
+    torch.save(features, staging)
+    staging.rename(path)
+    return features
+
+
+def batches(sequences: list[Sequence], batch_tokens: int, generator: torch.Generator) -> list[list[int]]:
+    """Groups of similar length, each at most ``batch_tokens`` padded positions, in seeded order."""
+    order = sorted(range(len(sequences)), key=lambda i: sequences[i].ids.shape[0])
+    groups, group = [], []
+    for i in order:
+        width = max([sequences[j].ids.shape[0] for j in group] + [sequences[i].ids.shape[0]])
+        if group and width * (len(group) + 1) > batch_tokens:
+            groups.append(group)
+            group = []
+        group.append(i)
+    if group:
+        groups.append(group)
+    return [groups[i] for i in torch.randperm(len(groups), generator=generator).tolist()]
+
+
+def _stack(sequences, features, group):
+    """(ids [B, L], features [B, L, H], supervised [B, L - 1]): position t of the head predicts
+    f_{t+1}, supervised where t + 1 is an answer's feature (``start - 1`` on) inside the sequence."""
+    width = max(sequences[i].ids.shape[0] for i in group)
+    hidden = features[group[0]].shape[-1]
+    ids = torch.zeros(len(group), width, dtype=torch.long)
+    f = torch.zeros(len(group), width, hidden)
+    supervised = torch.zeros(len(group), width - 1, dtype=torch.bool)
+    for row, i in enumerate(group):
+        n = sequences[i].ids.shape[0]
+        ids[row, :n] = sequences[i].ids
+        f[row, :n] = features[i].float()
+        supervised[row, max(sequences[i].start - 2, 0) : n - 1] = True
+    return ids, f, supervised
+
+
+def _padded_causal(lengths: list[int], width: int) -> torch.Tensor:
+    mask = causal_mask(0, width, "cpu").expand(len(lengths), 1, width, width).clone()
+    for row, n in enumerate(lengths):
+        mask[row, :, :, n:] = False
+        mask[row, :, n:, :] = torch.eye(width, dtype=torch.bool)[n:]  # padding sees itself only
+    return mask
+
+
+def unrolled(head: EagleHead, embed, ids, f, mask, noise: torch.Generator | None):
+    """The head's predictions for each unrolled step (:data:`UNROLL`): [B, L - 1, H] each."""
+    inputs = embed[ids[:, 1:]]
+    positions = torch.arange(ids.shape[1] - 1).expand(ids.shape[0], -1)
+    features = f[:, :-1]
+    if noise is not None:
+        features = features + (torch.rand(features.shape, generator=noise) * 2 - 1) * NOISE
+    out = []
+    for _ in range(UNROLL):
+        predicted = head(inputs, features, positions, mask)
+        out.append(predicted)
+        # the next step reads at t the head's prediction of f_t (made at t - 1)
+        features = torch.cat([f[:, :1], predicted[:, :-1].detach()], dim=1)
+    return out
+
+
+def _loss(predicted, target_f, weight, supervised):
+    pred, true = predicted[supervised], target_f[supervised]
+    regression = nn.functional.smooth_l1_loss(pred, true)
+    with torch.no_grad():
+        p = torch.softmax(true @ weight.T, dim=-1)
+    classification = -(p * torch.log_softmax(pred @ weight.T, dim=-1)).sum(-1).mean()
+    return regression + CLASSIFICATION_WEIGHT * classification
+
+
+@torch.no_grad()
+def accuracy(head, embed, full_weight, vocab, sequences, features, batch_tokens: int) -> list[float]:
+    """Per unrolled step, how often the head's next token (argmax over the draft vocabulary) is the
+    target's greedy token (argmax over the whole vocabulary) at the answer positions."""
+    hits, count = [0.0] * UNROLL, 0
+    weight = full_weight[vocab]
+    for group in batches(sequences, batch_tokens, torch.Generator().manual_seed(0)):
+        ids, f, supervised = _stack(sequences, features, group)
+        lengths = [sequences[i].ids.shape[0] - 1 for i in group]
+        steps = unrolled(head, embed, ids, f, _padded_causal(lengths, ids.shape[1] - 1), None)
+        greedy = (f[:, 1:][supervised] @ full_weight.T).argmax(-1)
+        for step, predicted in enumerate(steps):
+            # every step predicts f_{t+1}; the second reads at t the head's own prediction of f_t
+            guess = vocab[(predicted[supervised] @ weight.T).argmax(-1)]
+            hits[step] += float((guess == greedy).sum())
+        count += int(supervised.sum())
+    return [h / max(count, 1) for h in hits]
+
+
+def train_head(target, train, held_out, config, vocab, progress, features_at: Path):
+    """Train an EAGLE head on ``target`` (``config``: epochs, lr, batch_tokens, seed); returns (head,
+    record with the loss curve and the held-out accuracy of each unrolled step). The target's
+    features are kept at ``features_at``-{train,held}-<count>.pt."""
+    torch.manual_seed(config.seed)
+    train = [s for s in train if s.ids.shape[0] <= MAX_SEQUENCE]
+    held_out = [s for s in held_out if s.ids.shape[0] <= MAX_SEQUENCE]
+    f_train = cached_features(target, train, Path(f"{features_at}-train-{len(train)}.pt"), progress)
+    f_held = cached_features(target, held_out, Path(f"{features_at}-held-{len(held_out)}.pt"), progress)
+    head = EagleHead.for_target(target.model).float()
+    embed = target.model.get_input_embeddings().weight.detach().float()
+    full_weight = target.model.get_output_embeddings().weight.detach().float()
+    weight = full_weight[vocab]
+    before = accuracy(head, embed, full_weight, vocab, held_out, f_held, config.batch_tokens)
+    generator = torch.Generator().manual_seed(config.seed)
+    noise = torch.Generator().manual_seed(config.seed + 1)
+    plan = [
+        group
+        for _ in range(math.ceil(config.epochs))
+        for group in batches(train, config.batch_tokens, generator)
+    ]
+    plan = plan[: math.ceil(config.epochs * len(plan) / math.ceil(config.epochs))]
+    warmup = max(1, len(plan) // 20)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, len(plan)) / len(plan))),
+    )
+    curve, started = [], time.perf_counter()
+    task = progress.add_task("eagle head", total=len(plan), stats="")
+    for step, group in enumerate(plan):
+        ids, f, supervised = _stack(train, f_train, group)
+        lengths = [train[i].ids.shape[0] - 1 for i in group]
+        mask = _padded_causal(lengths, ids.shape[1] - 1)
+        steps = unrolled(head, embed, ids, f, mask, noise)
+        loss = sum(_loss(predicted, f[:, 1:], weight, supervised) for predicted in steps) / len(steps)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(head.parameters(), 0.5)
+        optimizer.step()
+        schedule.step()
+        if step % 10 == 0 or step == len(plan) - 1:
+            seconds = round(time.perf_counter() - started, 1)
+            curve.append({"step": step, "loss": round(loss.item(), 4), "seconds": seconds})
+            progress.update(task, stats=f"loss {loss.item():.3f}")
+        progress.advance(task)
+    after = accuracy(head, embed, full_weight, vocab, held_out, f_held, config.batch_tokens)
+    record = {
+        "sequences": len(train),
+        "max_sequence": MAX_SEQUENCE,
+        "positions": int(sum(s.ids.shape[0] for s in train)),
+        "steps": len(plan),
+        "unroll": UNROLL,
+        "noise": NOISE,
+        "classification_weight": CLASSIFICATION_WEIGHT,
+        "curve": curve,
+        "held_out_accuracy_before": before,
+        "held_out_accuracy_after": after,
+        "held_out_before": {"top1_agreement": before[0]},
+        "held_out_after": {"top1_agreement": after[0]},
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    return head, record

@@ -1,0 +1,302 @@
+"""EAGLE heads: the head's incremental drafting (its KV cache, tree attention and positions) equals its
+from-scratch forward on the target's features, greedy output is the target's on both engines, sampled
+output keeps the target's law, training lifts the head's agreement, the vLLM export computes the same
+features, and the eagle: source refuses a head of another target."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from rich.progress import Progress
+from test_acceptance import TINY_OPTIONS, assert_matches, exact_joint, softmax_at
+from typer.testing import CliRunner
+
+from specbench import sources
+from specbench.cli import app
+from specbench.decoding import autoregressive, tree_speculative
+from specbench.drafters import eagle
+from specbench.drafters.heads import draft_head
+from specbench.errors import SpecbenchError
+from specbench.models.compiled import CompiledHFModel
+from specbench.models.hf import HFModel
+from specbench.models.sampling import SamplingParams
+from specbench.training.eagle import train_head
+from specbench.training.teacher import Sequence
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def random_head(target: HFModel, seed: int, vocab: torch.Tensor | None = None) -> eagle.EagleDrafter:
+    torch.manual_seed(seed)
+    module = eagle.EagleHead.for_target(target.model)
+    weight = target.model.get_output_embeddings().weight.detach()
+    module = module.to(weight.dtype)
+    embeddings = target.model.get_input_embeddings()
+    return eagle.EagleDrafter("head", module, embeddings, draft_head(weight, vocab), target.name)
+
+
+class Recording:
+    """The drafter, with what each root and level call returned."""
+
+    def __init__(self, drafter: eagle.EagleDrafter):
+        self.inner = drafter
+        self.calls: list = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def root(self, tokens, last, accepted):
+        logits = self.inner.root(tokens, last, accepted)
+        if logits is not None:
+            self.calls.append(("root", tokens.clone(), logits))
+        return logits
+
+    def level(self, tokens, level, tree, expand):
+        logits = self.inner.level(tokens, level, tree, expand)
+        self.calls.append(("level", tokens.clone(), (tree, list(expand), logits)))
+        return logits
+
+
+def from_scratch(drafter: eagle.EagleDrafter, target_weights, prompt, tokens, path_tokens):
+    """The head's logits after the committed ``tokens`` and then ``path_tokens`` (a tree path), run
+    over the whole sequence without a cache: the target's features at the committed positions, the
+    head's own predicted features along the path."""
+    sequence = torch.cat([prompt, tokens])
+    with torch.no_grad():
+        features = target_weights(sequence[None], output_hidden_states=True).hidden_states[-1][0]
+        inputs, feats = list(sequence[1:]), list(features[:-1])
+        out = None
+        for token in [None, *path_tokens]:
+            if token is not None:
+                inputs.append(token)
+                feats.append(out[-1])
+            n = len(inputs)
+            out = drafter.head(
+                drafter.embeddings(torch.stack(inputs)[None]),
+                torch.stack(feats)[None],
+                torch.arange(n)[None],
+                eagle.causal_mask(0, n, "cpu"),
+            )[0]
+        return drafter.lm_head(out[-1:])[0]
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (3, 2, 2, 6)])
+def test_incremental_drafting_is_the_heads_forward_from_scratch(shape, tiny_model):
+    depth, branch, frontier, nodes = shape
+    weights = tiny_model("tiny-llama", 2, vocab_size=12, init_std=0.3).double()
+    prompt = torch.tensor([3, 4, 5, 2, 7])
+    target = HFModel(weights, "t")
+    drafter = Recording(random_head(target, 2))
+    out = tree_speculative.generate(
+        target, drafter, prompt, depth=depth, branch=branch, frontier=frontier, nodes=nodes, max_new_tokens=14
+    )
+    assert any(accepted > 0 for _, accepted in out.steps)  # steps that commit several positions
+    checked = 0
+    for kind, tokens, record in drafter.calls:
+        if kind == "root":
+            want = from_scratch(drafter.inner, weights, prompt, tokens, [])
+            torch.testing.assert_close(record[0], want, rtol=1e-9, atol=1e-9)
+        else:
+            tree, expand, logits = record
+            for row, node in enumerate(expand):
+                path = [tree.tokens[i] for i in tree.path(node)]
+                want = from_scratch(drafter.inner, weights, prompt, tokens, path)
+                torch.testing.assert_close(logits[row], want, rtol=1e-9, atol=1e-9)
+        checked += 1
+    assert checked >= len(out.steps) - 1
+
+
+@pytest.mark.parametrize("engine", ["eager", "compiled"])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (4, 1, 1, 4), (4, 3, 2, 10)])
+def test_eagle_greedy_is_the_target_greedy_output(engine, shape, tiny_model):
+    depth, branch, frontier, nodes = shape
+    weights = tiny_model("tiny-llama", 3, vocab_size=16, init_std=0.3)
+    prompt = torch.tensor([3, 4, 5, 2, 9, 1])
+    ar = autoregressive.generate(HFModel(weights, "t"), prompt, max_new_tokens=30)
+    target = HFModel(weights, "t") if engine == "eager" else CompiledHFModel(weights, "t", quick=True)
+    if engine == "compiled":
+        target.prepare(64, hidden=True, tree_sizes=(nodes,))
+    drafter = random_head(HFModel(weights, "t"), 3)
+    out = tree_speculative.generate(
+        target, drafter, prompt, depth=depth, branch=branch, frontier=frontier, nodes=nodes, max_new_tokens=30
+    )
+    assert out.tokens == ar.tokens
+    assert out.steps[0] == (0, 0)  # the prefill: no features to draft from yet
+    assert any(accepted > 0 for _, accepted in out.steps)
+    assert out.forwards["t"]["forward_passes"] == len(out.steps)
+    drafting = sum(1 for d, _ in out.steps if d)
+    # a root pass per drafting step, then one pass per further level it grew
+    assert drafting <= out.forwards["head"]["forward_passes"] <= depth * drafting
+
+
+def test_eagle_sampling_reproduces_the_target_joint(tiny_model):
+    weights = tiny_model("tiny-llama", 1, **TINY_OPTIONS)
+    prompt = torch.tensor([3, 4, 5, 2])
+    reference = exact_joint(weights, prompt, 3, softmax_at(1.0))
+    target = HFModel(weights, "t")
+    drafter = random_head(target, 5)
+    generator = torch.Generator().manual_seed(12)
+    counts, steps = np.zeros_like(reference), Counter()
+    for _ in range(1500):
+        out = tree_speculative.generate(
+            target, drafter, prompt, depth=2, branch=2, frontier=2, nodes=64, max_new_tokens=3,
+            sampling=SamplingParams(temperature=1.0), generator=generator,
+        )  # fmt: skip
+        counts[tuple(out.tokens)] += 1
+        steps.update(out.steps)
+    assert_matches(counts, reference, "eagle sampling")
+    assert steps[(1, 1)] > 0 and steps[(1, 0)] > 0, steps
+
+
+def test_training_lifts_the_heads_agreement_on_held_out_text(tiny_model, tmp_path):
+    """A target that continues a cycle: the head learns its next token from features and tokens."""
+    weights = tiny_model("tiny-llama", 4, vocab_size=300, init_std=0.3)
+    target = HFModel(weights, "t")
+    cycle = torch.tensor([10, 20, 30, 40, 50, 60, 70])
+    sequences = []
+    for i in range(24):
+        ids = torch.cat([torch.tensor([5 + i % 3]), cycle.roll(-(i % 7)).repeat(3)])
+        sequences.append(Sequence(ids, 1, torch.zeros(0, 1), torch.zeros(0, 1)))
+    config = type("Config", (), {"epochs": 300.0, "lr": 1e-2, "batch_tokens": 256, "seed": 0})()
+    vocab = torch.arange(300)
+    with Progress(disable=True) as progress:
+        head, record = train_head(
+            target, sequences[:20], sequences[20:], config, vocab, progress, tmp_path / "f"
+        )
+    before, after = record["held_out_accuracy_before"], record["held_out_accuracy_after"]
+    assert after[0] > 0.6 and after[1] > 0.6 and after[0] > before[0] + 0.4, (before, after)
+    assert record["curve"][-1]["loss"] < record["curve"][0]["loss"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f-held-4.pt", "f-train-20.pt"]  # kept for reruns
+
+
+def test_the_vllm_export_holds_the_heads_weights_under_vllms_names(tmp_path, tiny_model):
+    """vLLM's EagleLlamaForCausalLM: ``fc`` (no bias) and ``layers.0`` without an input norm, the
+    target's embedding and LM head shared; loading the exported tensors back gives the same head."""
+    from safetensors.torch import load_file
+
+    weights = tiny_model("tiny-llama", 0, vocab_size=300)
+    target = HFModel(weights, "t")
+    drafter = random_head(target, 1)
+    eagle.save_vllm(tmp_path, drafter.head, weights)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["EagleLlamaForCausalLM"] and config["num_hidden_layers"] == 1
+    assert config["hidden_size"] == weights.config.hidden_size
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    assert "fc.weight" in tensors and "fc.bias" not in tensors
+    assert not any("input_layernorm" in k or "embed" in k or "lm_head" in k for k in tensors)
+    assert "layers.0.self_attn.q_proj.weight" in tensors and "layers.0.mlp.down_proj.weight" in tensors
+    fresh = eagle.EagleHead.for_target(weights)
+    state = {k.removeprefix("layers.0."): v for k, v in tensors.items() if k.startswith("layers.0.")}
+    fresh.layer.load_state_dict(state)
+    fresh.fc.load_state_dict({"weight": tensors["fc.weight"]})
+    x = torch.randn(1, 4, weights.config.hidden_size)
+    args = (x, x, torch.arange(4)[None], eagle.causal_mask(0, 4, "cpu"))
+    torch.testing.assert_close(fresh.to(torch.float32)(*args), drafter.head.float()(*args))
+
+
+def write_head(cache, target_weights, source: str = "tiny-llama", **manifest) -> None:
+    head = eagle.EagleHead.for_target(target_weights)
+    config = target_weights.config
+    fields = {"hidden_size": config.hidden_size, "vocab_size": config.vocab_size}
+    fields |= {"num_hidden_layers": config.num_hidden_layers, "draft_vocab": None}
+    fields["parameters"] = sum(p.numel() for p in head.parameters())
+    eagle.save(cache / "drafters" / source / "eagle", head, fields | manifest)
+
+
+def recipe(method: str = "eagle", drafter: str = "head", engine: str = "eager") -> dict:
+    return {
+        "name": "eagle",
+        "engine": engine,
+        "generation": {"max_new_tokens": 10},
+        "models": {
+            "target": {"source": "tiny-llama", "dtype": "float64", "options": {"vocab_size": 300}},
+            "head": {"source": "eagle:tiny-llama/eagle", "options": {"of": "target"}},
+            "medusa": {"source": "medusa:tiny-llama/medusa", "options": {"of": "target"}},
+        },
+        "datasets": [{"task": "arithmetic", "limit": 2}],
+        "methods": [
+            {"name": "ar", "method": "autoregressive", "target": "target"},
+            {"name": "e", "method": method, "target": "target", "drafter": drafter, "params": {"depth": 3}},
+        ],
+    }
+
+
+def run(tmp_path, data: dict, out: str = "out"):
+    path = tmp_path / f"{out}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return CliRunner().invoke(app, ["run", str(path), "--output-dir", str(tmp_path / out)])
+
+
+@pytest.mark.parametrize("engine", ["eager", "compiled"])
+def test_an_eagle_recipe_runs_lossless(tmp_path, monkeypatch, tiny_model, engine):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    target = sources.load(
+        sources.ModelRequest("target", "tiny-llama", "float64", "cpu", options=(("vocab_size", 300),))
+    )
+    write_head(tmp_path / "cache", target.model)
+    data = recipe(engine=engine)
+    data["models"].pop("medusa")
+    result = run(tmp_path, data)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (tmp_path / "out" / "examples.jsonl").read_text().splitlines()]
+    eagle_rows = [row for row in rows if row["method"] == "eagle"]
+    assert eagle_rows and all(row["divergence_class"] == "identical" for row in eagle_rows)
+    if engine == "compiled":
+        assert eagle_rows[0]["compile_s"] > 0 and all(row["compile_s"] == 0 for row in eagle_rows[1:])
+
+
+def test_heads_of_the_wrong_kind_or_target_are_refused_before_the_first_row(
+    tmp_path, monkeypatch, tiny_model
+):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    target = sources.load(
+        sources.ModelRequest("target", "tiny-llama", "float64", "cpu", options=(("vocab_size", 300),))
+    )
+    write_head(tmp_path / "cache", target.model)
+    from test_medusa import write_heads
+
+    write_heads(tmp_path / "cache", "tiny-llama", 32, 300)
+    bad = {
+        "medusa heads to eagle": (recipe(drafter="medusa"), "use a eagle:<target>/<name> source"),
+        "eagle head to medusa": (recipe(method="medusa"), "use a medusa:<target>/<name> source"),
+        "eagle head to speculative": (recipe(method="speculative"), "use method eagle for these heads"),
+    }
+    for data, _ in bad.values():
+        unused = "head" if data["methods"][1]["drafter"] == "medusa" else "medusa"
+        data["models"].pop(unused)
+    for label, (data, fix) in bad.items():
+        result = run(tmp_path, data, "bad")
+        assert result.exit_code == 2 and fix in result.output and "\n" not in result.output.strip(), label
+    request = sources.ModelRequest("head", "eagle:tiny-llama/eagle", options=(("of", "target"),))
+    for field, value in (("hidden_size", 64), ("vocab_size", 100), ("num_hidden_layers", 7)):
+        write_head(tmp_path / "cache", target.model, **{field: value})
+        with pytest.raises(SpecbenchError, match=rf"models\.head\.options\.of: .*{field} of {value}.*has"):
+            sources.load(request, {"target": target}.__getitem__)
+    missing = sources.ModelRequest("head", "eagle:tiny-llama/other", options=(("of", "target"),))
+    with pytest.raises(SpecbenchError, match=r"no EAGLE head .* `specbench distill --size eagle`"):
+        sources.load(missing, {"target": target}.__getitem__)
+
+
+def test_plan_prices_an_eagle_cell_with_its_heads_own_size(tmp_path, monkeypatch, tiny_model):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    target = sources.load(
+        sources.ModelRequest("target", "tiny-llama", "float64", "cpu", options=(("vocab_size", 300),))
+    )
+    write_head(tmp_path / "cache", target.model)
+    data = recipe()
+    data["models"].pop("medusa")
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(app, ["plan", str(path), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)
+    cell = next(cell for cell in plan["cells"] if cell["method"] == "eagle")
+    assert "lower bound" in cell["rule"] and "depth passes" in cell["rule"]
+    head = next(m for m in plan["models"] if m["name"] == "head")
+    own = sum(p.numel() for p in eagle.EagleHead.for_target(target.model).parameters())
+    assert head["params"] == own and head["shares"] == "target"
