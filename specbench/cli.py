@@ -615,7 +615,7 @@ def distill(
     max_new_tokens: int = typer.Option(128, min=1, help="Length cap of the target's answers."),
     top_k: int = typer.Option(32, min=1, help="Teacher log-probabilities kept per position."),
     epochs: float = typer.Option(
-        None, min=0.01, help="Training epochs (default per size: small 3, base 2, exit 1, medusa 2, eagle 3)."
+        None, min=0.01, help="Training epochs (default per size: small 3, base 2, exit 1, medusa 2, eagle 8)."
     ),
     lr: float = typer.Option(None, min=0.0, help="Peak learning rate (default per size)."),
     seed: int = typer.Option(0, help="Seed of the student's initialisation and batch order."),

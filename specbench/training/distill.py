@@ -64,7 +64,7 @@ STUDENTS = {
     "medusa": StudentConfig("medusa", epochs=2.0, lr=1e-3, batch_tokens=1024, draft_vocab=8192),
     # an EAGLE head on the frozen target's features (specbench.training.eagle); batch_tokens: padded
     # positions a step
-    "eagle": StudentConfig("eagle", epochs=3.0, lr=1e-3, batch_tokens=4096, draft_vocab=8192),
+    "eagle": StudentConfig("eagle", epochs=8.0, lr=1e-3, batch_tokens=4096, draft_vocab=8192),
 }
 EXIT_DEFAULTS = {"epochs": 1.0, "lr": 1e-3}
 
