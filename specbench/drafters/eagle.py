@@ -130,8 +130,13 @@ class EagleDrafter:
         held = self._cache.get_seq_length()
         if held > self._pairs:
             self._cache.crop(self._pairs - held)  # the previous step's tree entries
-        sequence = torch.cat([self._prompt, tokens.to(self.device)])
-        new_tokens = sequence[self._pairs + 1 :]
+        first = self._pairs + 1  # the token paired with the first unread feature
+        tokens = tokens.to(self.device)
+        prompt = self._prompt.shape[0]
+        if first >= prompt:  # only the tail: the prompt is read once, at the prefill
+            new_tokens = tokens[first - prompt :]
+        else:
+            new_tokens = torch.cat([self._prompt[first:], tokens])
         features = last.hidden[LAST][accepted].to(self.device, self.fc_dtype)
         if new_tokens.shape[0] != features.shape[0]:
             raise RuntimeError(
