@@ -133,7 +133,11 @@ def flan_run(tmp_path: Path) -> Path:
 
 def _rows(run_dir: Path) -> dict:
     views, _ = table2(load_runs(run_dir))
-    return {(r["Dataset"], r["Algorithm"], r["{M_di}"]): r for r in views[0].rows}
+    rows = {}
+    for view in views[:2]:  # Table 2's numbers, then the settings of its cells (Table 5)
+        for r in view.rows:
+            rows.setdefault((r["Dataset"], r["Algorithm"], r["{M_di}"]), {}).update(r)
+    return rows
 
 
 def test_best_cell_is_chosen_per_column_and_the_paper_value_stands_beside_it(flan_run: Path):
@@ -189,7 +193,8 @@ def test_caption_names_the_models_and_flags_other_models(flan_run: Path, tmp_pat
     text = render_paper(tiny, "cs-drafting-table2", "markdown")
     assert "xxl = tiny-t5 (2.2M" in text and "Not the paper's models" in text
     # the run's own dataset gets rows of its own, with no paper values (and no theory: no rates here)
-    assert "| arithmetic | S Decoding | BASE | 1.00 | — | — | k11=2 | — | 2.80 | — | — | k11=2 | — |" in text
+    assert "| arithmetic | S Decoding | BASE | 1.00 | — | — | — | 2.80 | — | — | — |" in text
+    assert "| arithmetic | S Decoding | BASE | k11=2 | — | k11=2 | — |" in text
 
 
 def test_csv_is_one_tidy_row_per_paper_value(flan_run: Path):
@@ -333,3 +338,30 @@ def test_table2_shows_the_theory_of_the_chosen_sd_cell(tmp_path: Path):
     row = _rows(_write_run(tmp_path / "t", [better, worse]))[("GSM8K", "S Decoding", "SMALL")]
     assert (row["MS ours"], row["MS theory"]) == ("1.50", "1.52")  # the theory of the cell shown
     assert (row["PW ours"], row["PW theory"]) == ("1.60", "1.63")
+
+
+def test_table2_prices_our_acceptance_at_the_papers_costs_and_explains_each_reversal(tmp_path: Path):
+    from specbench.papers.cs_drafting.theory import PARAM_COSTS
+
+    # measured: SMALL ahead of BASE (the paper has BASE ahead); the theory agrees with ours, but BASE's
+    # drafts are accepted more, so at the paper's (smaller) costs BASE comes back ahead
+    base = _cell("gsm8k/test", "speculative", "base", {"k": 2, "lenience": 1.0}, 1.10, 1.20)
+    small = _cell("gsm8k/test", "speculative", "small", {"k": 2, "lenience": 1.0}, 1.40, 1.30)
+    base |= {"swi_ms_theory": 1.11, "theory_tokens_per_step": 2.5, "theory_passes": json.dumps({"base": 2})}
+    small |= {"swi_ms_theory": 1.39, "theory_tokens_per_step": 2.0, "theory_passes": json.dumps({"small": 2})}
+    views, tidy = table2(load_runs(_write_run(tmp_path / "t", [base, small])))
+    rows = {(r["Dataset"], r["{M_di}"]): r for r in views[0].rows}
+    base_what_if = 2.5 / (1 + 2 * PARAM_COSTS["base"])
+    small_what_if = 2.0 / (1 + 2 * PARAM_COSTS["small"])
+    assert rows[("GSM8K", "BASE")]["MS what-if"] == f"{base_what_if:.2f}"
+    assert rows[("GSM8K", "SMALL")]["MS what-if"] == f"{small_what_if:.2f}"
+    assert rows[("GSM8K", "-")]["MS what-if"] == "1.00"  # autoregressive decoding is 1 at any cost
+    reversed_ms = next(n for n in views[0].notes if n.startswith("Reversed in GSM8K MS"))
+    assert (
+        "S Decoding BASE > S Decoding SMALL in the paper (3.38 > 3.06), 1.10 < 1.40 ours; "
+        f"theory 1.11 < 1.39 predicts it; at the paper's costs {base_what_if:.2f} > {small_what_if:.2f}, "
+        "the paper's order"
+    ) in reversed_ms
+    assert not any(n.startswith("Reversed in MMLU") for n in views[0].notes)  # no MMLU cells
+    what_if = {(t["dataset"], t["drafters"], t["metric"]): t["what_if"] for t in tidy}
+    assert what_if[("GSM8K", "BASE", "swi_ms")] == pytest.approx(base_what_if)

@@ -65,28 +65,27 @@ def load_cells(results: Path) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-# columns cells.csv gained after runs were committed: a report computes them from the run's rows
-DERIVED = (
-    "tokens_per_s_predicted",
-    "speedup_predicted",
-    "speedup_prediction_error",
-    "swi_ms_theory",
-    "swi_ms_theory_iid",
-    "swi_pw_theory",
-    "swi_pw_theory_iid",
-)
+# columns cells.csv gained after runs were committed, by the column that marks each group: a report
+# computes a group from the rows when its marker is missing (theory_passes came with the cascades' theory)
+_THEORY = ("swi_ms_theory", "swi_pw_theory", "theory_tokens_per_step", "theory_passes")
+DERIVED = {
+    "speedup_predicted": ("tokens_per_s_predicted", "speedup_predicted", "speedup_prediction_error"),
+    "theory_passes": tuple(f"{name}{suffix}" for suffix in ("", "_iid") for name in _THEORY),
+}
 
 
 def _with_derived(frame: pd.DataFrame, run_dir: Path) -> pd.DataFrame:
     """A cells.csv written before it carried predictions and theory gets them from the run's rows
     (nothing is written: the run's files stay as they were)."""
-    if "speedup_predicted" in frame.columns or not (run_dir / "examples.jsonl").is_file():
+    stale = [column for marker, group in DERIVED.items() if marker not in frame.columns for column in group]
+    if not stale or not (run_dir / "examples.jsonl").is_file():
         return frame
     from specbench.pipeline.summary import summarise
 
     machine = (read_environment(run_dir).get("machine") or {}).get("id", "")
     derived = summarise(read_examples(run_dir), machine)
-    columns = [c for c in DERIVED if c in derived.columns and c not in frame.columns]
+    columns = [c for c in stale if c in derived.columns]
+    frame = frame.drop(columns=[c for c in columns if c in frame.columns])
     derived = derived[["dataset", "cell", "machine", *columns]]
     if "machine" not in frame.columns:  # files from before rows named a machine: one machine
         derived = derived.drop(columns="machine").drop_duplicates(["dataset", "cell"])

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from specbench.models.costs import iid_acceptance, swi, theory_swi, weighted_passes
-from specbench.pipeline import prediction
+from specbench.models.costs import swi, weighted_passes
+from specbench.pipeline import prediction, theory
 from specbench.pipeline.results import CELLS, CELLS_SHA, text_checksum, write_atomic
 from specbench.pipeline.statistics import (
     BOOTSTRAP_RESAMPLES,
@@ -125,9 +125,7 @@ def summarise_cell(rows: list[dict]) -> dict:
     out["lossless_mismatches"] = classes.count("mismatch")
     out.update(_timing(rows))
     out.update(_acceptance(steps))
-    k = first["params"].get("k")
-    if first["method"] == "speculative" and isinstance(k, int) and drafters:
-        out.update(_theory(steps, k, first["costs"], target, drafters[0]))
+    out.update(_theory(rows, target))
     out.update(_engine_figures(rows))
     out["bootstrap_seed"] = BOOTSTRAP_SEED
     out["bootstrap_resamples"] = BOOTSTRAP_RESAMPLES
@@ -221,24 +219,20 @@ def _acceptance(steps: list) -> dict:
     }
 
 
-def _theory(steps: list, k: int, costs: dict, target: str, drafter: str) -> dict:
-    """The SWI that speculative decoding's theory expects from this cell's measured acceptance and
-    cost tables, beside the measured one (costs.theory_swi): ``swi_<table>_theory`` from the rates by
-    position (chance that draft j is accepted once the j-1 before it were), and
-    ``swi_<table>_theory_iid`` from one i.i.d. alpha fitted to the same steps, the papers' assumption."""
-    _, conditional = acceptance_rates(position_counts(steps))
-    by_position = [0.0 if math.isnan(rate) else rate for rate in conditional[:k]]
-    by_position += [0.0] * (k - len(by_position))
-    alpha = iid_acceptance(steps)
+def _theory(rows: list[dict], target: str) -> dict:
+    """What the papers' theory expects of this cell from its measured acceptance (pipeline.theory),
+    beside the measured SWI: ``swi_<table>_theory`` from the rates by draft position,
+    ``swi_<table>_theory_iid`` from one i.i.d. alpha per reviewer (the papers' assumption), and the
+    expectation itself (tokens and passes per target step) so a report can price it at other costs."""
     out = {}
-    for table in ("ms", "pw"):
-        target_cost, drafter_cost = costs[table].get(target), costs[table].get(drafter)
-        if not target_cost or drafter_cost is None:
-            out[f"swi_{table}_theory"] = out[f"swi_{table}_theory_iid"] = math.nan
-            continue
-        c = drafter_cost / target_cost
-        out[f"swi_{table}_theory"] = theory_swi(by_position, c)
-        out[f"swi_{table}_theory_iid"] = theory_swi([alpha] * k, c) if not math.isnan(alpha) else math.nan
+    for suffix, iid in (("", False), ("_iid", True)):
+        expected = theory.of_cell(rows, iid)
+        if expected is None:
+            return {}
+        out[f"theory_tokens_per_step{suffix}"] = expected.tokens
+        out[f"theory_passes{suffix}"] = json.dumps({m: round(n, 6) for m, n in expected.passes.items()})
+        for table in ("ms", "pw"):
+            out[f"swi_{table}_theory{suffix}"] = expected.swi(rows[0]["costs"][table], target)
     return out
 
 

@@ -19,6 +19,7 @@ on tiny or SmolLM2 models is never read as the paper's FLAN-T5 numbers.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 from importlib import resources
@@ -27,6 +28,8 @@ import pandas as pd
 import yaml
 
 from specbench.papers.base import MISSING, Run, View, best, num
+from specbench.papers.cs_drafting.theory import LEVIATHAN_COSTS, PARAM_COSTS
+from specbench.pipeline.theory import Expectation
 from specbench.sources import source_of
 
 SOURCE_ROLES = {"flan-t5-small": "SMALL", "flan-t5-base": "BASE", "maxgram": "MAG"}
@@ -139,7 +142,7 @@ def table2(runs: list[Run]) -> tuple[list[View], list[dict]]:
     templates = [paper for paper in ref["table2"]["rows"] if paper["dataset"] == first]
     for task in extra_tasks(cells, ref):  # the run's other datasets: our rows, no paper values
         wanted += [(task, task, {**paper, "ms": None, "pw": None}) for paper in templates]
-    rows, tidy = [], []
+    rows, chosen, tidy, ranked = [], [], [], []
     for label, task, paper in wanted:
         drafters = tuple(paper["drafters"])
         method = ref["algorithms"][paper["algorithm"]]
@@ -149,39 +152,134 @@ def table2(runs: list[Run]) -> tuple[list[View], list[dict]]:
             & cells["roles"].apply(lambda roles, want=drafters: roles == want)
         ]
         row = {"Dataset": label, "Algorithm": paper["algorithm"], "{M_di}": ",".join(drafters) or "-"}
+        picked = dict(row)
         table5 = settings.get((label, paper["algorithm"], drafters), {})
         for column, metric in (("MS", "swi_ms"), ("PW", "swi_pw")):
             top = best(mine, metric)
             theirs = table5.get(column.lower())
-            theory = top.get(f"{metric}_theory") if top else None
+            theory = _number(top.get(f"{metric}_theory")) if top else math.nan
+            what_if = 1.0 if method == "autoregressive" else _best_at(mine, PAPER_COSTS[column], runs)
+            if method == "autoregressive" and top:
+                theory = 1.0
             row |= {
                 f"{column} ours": num(top[metric]) if top else MISSING,
-                f"{column} theory": num(theory) if theory is not None and theory == theory else MISSING,
+                f"{column} theory": num(theory),
+                f"{column} what-if": num(what_if),
                 f"{column} paper": num(paper[column.lower()]),
+            }
+            picked |= {
                 f"{column} setting ours": setting(method, top["parsed"]) if top else MISSING,
                 f"{column} setting paper": paper_setting(theirs) if theirs else MISSING,
             }
+            ours = _number(top[metric]) if top else math.nan
+            ranked.append(
+                (label, column, row["Algorithm"], row["{M_di}"], paper[column.lower()], ours, theory, what_if)
+            )
             tidy.append(
                 _tidy("2", label, paper["algorithm"], row["{M_di}"], metric, top, paper[column.lower()])
                 | {
                     "ours_setting": setting(method, top["parsed"]) if top else "",
                     "paper_setting": paper_setting(theirs) if theirs else "",
+                    "theory": theory,
+                    "what_if": what_if,
                 }
             )
         rows.append(row)
+        chosen.append(picked)
     notes = [
-        f"Paper: {ref['table2']['source']}; settings from {ref['table5']['source'].split(', ', 1)[1]}.",
+        f"Paper: {ref['table2']['source']}.",
         "ours = the best of this run's cells of the same dataset, algorithm and drafters, chosen per column "
-        "(highest SWI under MS, and separately under PW), as the paper tuned each column; — = no such cell.",
-        "Settings: k11, k12 budgets at the target's review, k22 at M_d1's, l lenience (cumulative, Table 5).",
-        "theory = what speculative decoding's analysis (Leviathan et al. 2023, Theorem 3.8; Chen et al., "
-        "Corollary 4.2) expects of our cell from its measured acceptance by draft position and the cost "
-        "table: E[tokens per step] / (1 + k c); SD cells only (the cascades' Theorems 4.3 and 4.5 are not "
-        "evaluated per cell yet). It assumes k drafts every step: a statistical drafter that finds no "
-        "match drafts fewer, and then the theory is above ours.",
+        "(highest SWI under MS, and separately under PW), as the paper tuned each column; — = no such cell; "
+        "its setting is in the table below.",
+        "theory = what the papers' analysis expects of that cell from its measured acceptance by draft "
+        "position and the cost table: E[tokens per target step] / E[cost per step] (Leviathan et al. 2023, "
+        "Theorem 3.8; Chen et al., Corollary 4.2, and Theorems 4.3/4.5 generalised to the K-matrix rule, "
+        "with Max-Gram's draft lengths as measured). what-if = the same theory with the paper's costs "
+        "(MS: FLAN-T5 parameter ratios, SMALL 0.0069, BASE 0.022; PW: Leviathan et al.'s Table 4, SMALL "
+        "0.02, BASE 0.04; MAG 0) and our acceptance, best over this run's settings of the row.",
+        *orderings(ranked),
         REFERENCE_AGREEMENT,
     ]
-    return [View("CS Drafting Table 2 (FLAN-T5; SWI): ours | paper", rows, notes)], tidy
+    settings_notes = [
+        f"Paper: {ref['table5']['source']}.",
+        "Settings: k11, k12 budgets at the target's review, k22 at M_d1's, l lenience (cumulative, Table 5).",
+    ]
+    return [
+        View("CS Drafting Table 2 (FLAN-T5; SWI): ours | theory | paper", rows, notes),
+        View("CS Drafting Table 5 (the settings of Table 2's cells): ours | paper", chosen, settings_notes),
+    ], tidy
+
+
+# the paper's cost coefficients by role, relative to FLAN-T5-XXL (theory.py: PARAM_COSTS, LEVIATHAN_COSTS)
+PAPER_COSTS = {
+    "MS": {"SMALL": PARAM_COSTS["small"], "BASE": PARAM_COSTS["base"], "MAG": 0.0},
+    "PW": {"SMALL": LEVIATHAN_COSTS["small"], "BASE": LEVIATHAN_COSTS["base"], "MAG": 0.0},
+}
+
+
+def _best_at(mine: pd.DataFrame, costs: dict[str, float], runs: list[Run]) -> float:
+    """The highest SWI the theory gives this row's cells at the paper's ``costs`` (by role), NaN when
+    the cells carry no theory (a method it does not cover, or a cells.csv without rows)."""
+    by_run = {run.name: run for run in runs}
+    values = []
+    for cell in mine.to_dict("records"):
+        passes = cell.get("theory_passes")
+        if not isinstance(passes, str):
+            continue
+        run = by_run[cell["run"]]
+        priced = {name: costs.get(role(run, name) or "") for name in json.loads(passes)}
+        expected = Expectation(float(cell["theory_tokens_per_step"]), json.loads(passes))
+        values.append(expected.swi({**priced, "target": 1.0}, "target"))
+    values = [v for v in values if v == v]
+    return max(values) if values else math.nan
+
+
+def orderings(ranked: list[tuple]) -> list[str]:
+    """For every pair of rows the paper orders one way and this run the other (per dataset and
+    column): whether the theory from our acceptance predicts our order, and whether the theory at the
+    paper's costs gives the paper's order back. ``ranked``: (dataset, column, algorithm, drafters,
+    paper, ours, theory, what-if) per row."""
+    lines = []
+    groups: dict[tuple, list[tuple]] = {}
+    for entry in ranked:
+        groups.setdefault(entry[:2], []).append(entry)
+    for (label, column), entries in groups.items():
+        pairs = []
+        for a, b in itertools.combinations(entries, 2):
+            high, low = (a, b) if _number(a[4]) > _number(b[4]) else (b, a)
+            if not _number(high[4]) > _number(low[4]) or not _number(high[5]) < _number(low[5]):
+                continue  # the paper does not order them, we have no cell, or we agree
+            text = (
+                f"{_name(high)} > {_name(low)} in the paper ({high[4]:.2f} > {low[4]:.2f}), "
+                f"{_versus(high[5], low[5])} ours"
+            )
+            if not math.isnan(high[6] + low[6]):
+                verdict = "predicts it" if high[6] < low[6] else "does not predict it"
+                text += f"; theory {_versus(high[6], low[6])} {verdict}"
+            if not math.isnan(high[7] + low[7]):
+                back = "the paper's order" if high[7] > low[7] else "still reversed"
+                text += f"; at the paper's costs {_versus(high[7], low[7])}, {back}"
+            pairs.append(text)
+        if pairs:
+            lines.append(f"Reversed in {label} {column}: " + "; ".join(pairs) + ".")
+    return lines
+
+
+def _versus(a: float, b: float) -> str:
+    """``a < b`` (or >=) with the decimals it takes for the two to differ on the page."""
+    digits = 2 if round(a, 2) != round(b, 2) else 3
+    return f"{a:.{digits}f} {'<' if a < b else '>' if a > b else '='} {b:.{digits}f}"
+
+
+def _name(entry: tuple) -> str:
+    return entry[2] if entry[3] == "-" else f"{entry[2]} {entry[3]}"
+
+
+def _number(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def extra_tasks(cells: pd.DataFrame, ref: dict) -> list[str]:
