@@ -293,6 +293,45 @@ def compare(
 
 @app.command()
 @user_errors
+def check(
+    results: list[Path] = typer.Argument(
+        ..., help="Run directories, or folders searched for them (e.g. results/)."
+    ),
+):
+    """Whether committed results still are what today's code measures.
+
+    For each run directory (one holding examples.jsonl): its resolved_recipe.yaml must still validate,
+    must key every recorded row as the row is keyed (a method revision, a changed default or model
+    entry changes the keys), and its trained drafters and heads must have been trained as the local
+    copies were (environment.json records a digest of each one's training). A directory kept on
+    purpose although stale names, in the first line of its PROVENANCE.md, the commit that made it and
+    why it stays. Reads only. Exit 1 when a directory is stale without such a declaration, e.g.
+    specbench check results/
+    """
+    from rich.table import Table
+
+    from specbench.pipeline.provenance import check_run, result_directories
+
+    table = Table("run", "state", "why")
+    failed = False
+    for directory in [d for path in results for d in result_directories(path)]:
+        finding = check_run(directory)
+        if not finding.stale:
+            state = "current"
+        elif finding.accepted:
+            state = "stale, declared"
+        else:
+            state, failed = "stale", True
+        why = finding.problems + ([f"PROVENANCE.md: {finding.declared}"] if finding.declared else [])
+        text = "\n".join(why + [f"note: {n}" for n in finding.notes])
+        table.add_row(escape(str(directory)), state, escape(text))
+    Console(width=200).print(table)
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command()
+@user_errors
 def plan(
     recipe: Path = typer.Argument(..., help="Recipe YAML to plan; nothing is loaded or run."),
     gpus: int = typer.Option(

@@ -172,6 +172,22 @@ def test_forward_counts_and_deferrals(weights):
         assert gen.deferrals == sum(n < d for d, n in gen.steps)
 
 
+@pytest.mark.parametrize("rule", ["chow", "opt", "token", "lossy"])
+def test_lemma_5_rejection_chance_is_exact_greedily_and_the_sampled_rate_on_average(weights, rule):
+    # Narasimhan et al., Lemma 5: a draft from q is rejected with probability D_TV(π, q) (r D_TV(p, q)
+    # for the mixtures); greedily both are 0/1 per draft, so the sums agree exactly
+    large, small = pair(weights, "tiny-llama", 2)
+    greedy = cascade(large, small, prompt_for(2), rule, 0.0)
+    assert greedy.expected_rejections == pytest.approx(greedy.deferrals)
+    rejected = expected = 0.0
+    for seed in range(40):
+        sampled = cascade(large, small, prompt_for(seed), rule, 1.0, seed=seed)
+        rejected += sampled.deferrals
+        expected += sampled.expected_rejections
+    # a sum of independent Bernoulli draws has variance <= its mean
+    assert expected > 20 and abs(rejected - expected) < 4 * expected**0.5
+
+
 # -- sampled outputs follow the cascade's law ----------------------------------------------------
 
 

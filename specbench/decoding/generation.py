@@ -18,7 +18,9 @@ class Generation:
     ``inner_steps`` holds the (drafted, accepted) pairs of reviews by drafters (cascades), by reviewer.
     ``deferrals`` counts the tokens a cascade took from the large model's distribution instead of the
     small one's (a speculative cascade's rejections, a sequential cascade's deferred tokens); None
-    for methods that never defer.
+    for methods that never defer. ``expected_rejections`` (speculative cascades): the sum over
+    reviewed drafts of their chance of rejection, D_TV(π, q) (Narasimhan et al., Lemma 5), beside
+    the rejections that happened.
     """
 
     tokens: list[int]
@@ -29,6 +31,7 @@ class Generation:
     stopped_by_eos: bool = False
     inner_steps: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     deferrals: int | None = None
+    expected_rejections: float | None = None
     # a serving engine's own record of the request (specbench.engines): version, settings, its
     # acceptance figures under its own names, inter-token latencies; None for specbench's loops
     engine_record: dict | None = None
@@ -66,6 +69,7 @@ class Generation:
             for name, steps in turn.inner_steps.items():
                 inner.setdefault(name, []).extend(steps)
         deferrals = [t.deferrals for t in turns if t.deferrals is not None]
+        expected = [t.expected_rejections for t in turns if t.expected_rejections is not None]
         return cls(
             tokens=[token for turn in turns for token in turn.tokens],
             walltime=sum(turn.walltime for turn in turns),
@@ -75,6 +79,7 @@ class Generation:
             stopped_by_eos=turns[-1].stopped_by_eos,
             inner_steps=inner,
             deferrals=sum(deferrals) if deferrals else None,
+            expected_rejections=sum(expected) if expected else None,
         )
 
     def accepted_by_position(self) -> list[tuple[int, int]]:

@@ -79,14 +79,27 @@ class BonusRowDrafter(ModelDrafter):
         return Draft(draft.tokens, rows)
 
 
-def cascade_rule(rule: str, params: dict, sampling: SamplingParams) -> AcceptanceRule:
+def cascade_rule(
+    rule: str, params: dict, sampling: SamplingParams, chances: list | None = None
+) -> AcceptanceRule:
     """Algorithm 4's verification for deferral ``rule``: drafts, the drafter's d + 1 rows (from
-    :class:`BonusRowDrafter`) and the target's d + 1 rows ``sampling.probs(logits)`` -> Verdict."""
+    :class:`BonusRowDrafter`) and the target's d + 1 rows ``sampling.probs(logits)`` -> Verdict.
+
+    With ``chances`` (a list) it appends each step's summed rejection chance of the drafts the
+    target reviewed (those up to the first rejection), a tensor left on the device: a draft x ~ q
+    is rejected with probability sum_v max(0, q(v) - π(v)) = D_TV(π, q), which for π = (1 - r) q + r p
+    is r D_TV(p, q) (Lemma 5)."""
 
     def verify(drafts, q_conf, p_conf, generator) -> Verdict:
         q_chosen = torch.cat([drafts, q_conf[-1].argmax().view(1)])
         q, pi = step_target(rule, params, q_conf, q_chosen, p_conf, sampling)
-        return cascade_accept(drafts, q, pi, generator)
+        verdict = cascade_accept(drafts, q, pi, generator)
+        if chances is not None:
+            d = drafts.shape[0]
+            chance = (q - pi[:d]).clamp(min=0).sum(-1)
+            reviewed = torch.arange(d, device=chance.device) <= verdict.n_accepted
+            chances.append((chance * reviewed).sum())
+        return verdict
 
     return verify
 
@@ -111,9 +124,9 @@ def generate(
     params = dict(params)
     if rule == "bild":
         params["discrepancy"] = resolve_discrepancy(params.get("discrepancy", "auto"), sampling.greedy)
-    verify = None
+    verify, chances = None, []
     if rule != "sd":
-        drafter, verify = BonusRowDrafter(drafter.model), cascade_rule(rule, params, sampling)
+        drafter, verify = BonusRowDrafter(drafter.model), cascade_rule(rule, params, sampling, chances)
     out = speculative.generate(
         target_model,
         drafter,
@@ -125,7 +138,8 @@ def generate(
         generator=generator,
         rule=verify,
     )
-    return dataclasses.replace(out, deferrals=sum(n < d for d, n in out.steps))
+    expected = float(torch.stack(chances).sum()) if chances else (0.0 if verify else None)  # one sync
+    return dataclasses.replace(out, deferrals=sum(n < d for d, n in out.steps), expected_rejections=expected)
 
 
 def _check(params: dict, spec, generation) -> tuple[str, str, str] | None:

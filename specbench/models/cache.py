@@ -5,6 +5,8 @@ bottom, next to the model interface."""
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import os
 import socket
 import tempfile
@@ -22,6 +24,22 @@ def cache_dir() -> Path:
 def distilled_dir(name: str) -> Path:
     """Where ``specbench distill`` saves the drafter ``<target>/<size>``."""
     return cache_dir() / "drafters" / name
+
+
+def trained_identity(folder: Path) -> str | None:
+    """A digest of how the drafter in ``folder`` was trained (its ``distill.json``: the teacher data's
+    key and settings, the student's configuration), or None where there is none. Deterministic
+    training makes it stand for the weights; the machine-specific data path is left out."""
+    record = folder / "distill.json"
+    if not record.is_file():
+        return None
+    try:
+        manifest = json.loads(record.read_text())
+    except (ValueError, UnicodeDecodeError):
+        return None
+    teacher = {k: v for k, v in (manifest.get("teacher") or {}).items() if k != "data_dir"}
+    payload = json.dumps({"teacher": teacher, "student": manifest.get("student")}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 def write_atomic(path: Path, content: str | bytes) -> None:

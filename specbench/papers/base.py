@@ -162,13 +162,16 @@ def render(results: Path, paper: Paper, fmt: str = "table", console: Console | N
         if not console.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
             console = Console(width=220)
     for view in views:
+        if not view.rows:  # a view with nothing to show here still says why (its notes)
+            console.print(view.title, style="bold", markup=False, highlight=False)
         table = Table(title=view.title, title_justify="left")
-        for column in view.rows[0]:
+        for column in view.rows[0] if view.rows else []:
             text = column in TEXT_COLUMNS or "setting" in column
             table.add_column(column, justify="left" if text else "right")
         for row in view.rows:
             table.add_row(*(Text(value) for value in row.values()))  # Text: no markup in [[2,10],...]
-        console.print(table)
+        if view.rows:
+            console.print(table)
         for note in view.notes:
             console.print(note, style="dim", markup=False, highlight=False)
     for line in captions:
@@ -180,7 +183,9 @@ def render(results: Path, paper: Paper, fmt: str = "table", console: Console | N
 
 
 def markdown(rows: list[dict]) -> str:
-    """Display rows as a markdown table (the columns of the first row)."""
+    """Display rows as a markdown table (the columns of the first row); "(no rows)" for none."""
+    if not rows:
+        return "(no rows)"
     columns = list(rows[0])
     lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
     lines += ["| " + " | ".join(str(row[c]) for c in columns) + " |" for row in rows]

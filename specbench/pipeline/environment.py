@@ -71,6 +71,7 @@ def write_environment(
                 name: {
                     "source": recipe.models[name].source,
                     "origin": getattr(m, "origin", "statistical"),
+                    **_identity(recipe.models[name].source),
                     "parameters": m.num_parameters,
                     # an engine model's is the one it asked its engine for (specbench.engines)
                     "dtype": str(next(m.model.parameters()).dtype)
@@ -216,3 +217,11 @@ def _git_hash() -> str | None:
         return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except Exception:
         return None
+
+
+def _identity(source: str) -> dict:
+    """``{"identity": digest}`` for weights trained in specbench's cache (sources.identity), else {}."""
+    from specbench import sources
+
+    digest = sources.identity(source)
+    return {"identity": digest} if digest else {}

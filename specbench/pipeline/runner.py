@@ -296,27 +296,39 @@ class Runner(Measurer):
     def _check_rows_belong(self, plan: list[tuple[DatasetRun, list[Cell]]], environment: dict) -> None:
         """cells.csv is this recipe's cells: a resume whose recipe (or data, seed, --limit) no longer
         yields some recorded rows would drop them from it, so it is refused, naming them."""
-        if not self.log.rows:
+        stray = self._stray(plan, environment)
+        if not stray:
             return
+        raise SpecbenchError(
+            str(self.output_dir),
+            f"holds {len(stray)} row(s) that {self.recipe.path} (as given, with its data and --limit) "
+            f"does not produce ({name_cells(stray)}): resuming would drop them from {CELLS}",
+            f"resume with the recipe that wrote them ({RESOLVED_RECIPE} in that directory holds it), or run "
+            "this recipe into a new --output-dir",
+        )
+
+    def _stray(self, plan: list[tuple[DatasetRun, list[Cell]]], environment: dict) -> list[dict]:
+        """The recorded rows whose keys this recipe's plan does not produce."""
+        if not self.log.rows:
+            return []
         covered = set()
         for keys in self._scoped(
             environment, lambda: [self._key(c, d, e) for d, cells in plan for c in cells for e in d.examples]
         ):
             covered.update(keys)
-        stray = [row for row in self.log.rows if row.get("key") not in covered]
-        if not stray:
-            return
-        where = sorted({(str(row.get("dataset")), str(row.get("cell"))) for row in stray})
-        named = ", ".join(f"{dataset} {cell}" for dataset, cell in where[:4]) + (
-            f" and {len(where) - 4} more" if len(where) > 4 else ""
-        )
-        raise SpecbenchError(
-            str(self.output_dir),
-            f"holds {len(stray)} row(s) that {self.recipe.path} (as given, with its data and --limit) "
-            f"does not produce ({named}): resuming would drop them from {CELLS}",
-            f"resume with the recipe that wrote them ({RESOLVED_RECIPE} in that directory holds it), or run "
-            "this recipe into a new --output-dir",
-        )
+        return [row for row in self.log.rows if row.get("key") not in covered]
+
+    def stale_rows(self) -> tuple[list[dict], int]:
+        """Read-only: the directory's rows that this recipe, under today's code, no longer produces
+        (their key differs: a method, a default, a model entry or the data changed since they were
+        measured), and how many of the recipe's (dataset, cell, example) rows the directory lacks."""
+        self.log = ExampleLog(self.output_dir / EXAMPLES)
+        environment = read_environment(self.output_dir)
+        plan = [(dataset, self.recipe.cells()) for dataset in self.datasets()]
+        stray = self._stray(plan, environment)
+        done = {row.get("key") for row in self.log.rows}
+        expected = [self._key(c, d, e) for d, cells in plan for c in cells for e in d.examples]
+        return stray, sum(1 for key in expected if key not in done)
 
     def _scoped(self, environment: dict, compute) -> list:
         """``compute()`` under the keys of every machine that wrote rows here (the first machine's plain
@@ -382,6 +394,13 @@ class _CellState:
     seconds: float = 0.0
     steps: int = 0
     models: CellModels | None = None
+
+
+def name_cells(rows: list[dict], most: int = 4) -> str:
+    """``gsm8k/test sd[k=2], ... and 3 more``: the (dataset, cell) pairs of ``rows``."""
+    where = sorted({(str(row.get("dataset")), str(row.get("cell"))) for row in rows})
+    named = ", ".join(f"{dataset} {cell}" for dataset, cell in where[:most])
+    return named + (f" and {len(where) - most} more" if len(where) > most else "")
 
 
 def _loadavg() -> list[float] | None:

@@ -131,6 +131,9 @@ class Source:
     # heads on a target's hidden states (Medusa): only methods that hand them the target's states
     # (Method.takes_heads) take such a drafter
     heads: bool = False
+    # identity(source) -> a digest of how the weights were trained, or None (trained in our cache:
+    # distilled drafters, heads); recorded in environment.json so a stale result can be told apart
+    identity: Callable[[str], str | None] | None = None
 
 
 class SourceRegistry(Mapping):
@@ -173,6 +176,12 @@ SOURCES = SourceRegistry()
 
 def source_of(source: str) -> Source:
     return SOURCES.of(source)
+
+
+def identity(source: str) -> str | None:
+    """How the weights of ``source`` were trained, as a digest (Source.identity), or None."""
+    kind = source_of(source)
+    return kind.identity(source) if kind.identity is not None else None
 
 
 def option_problem(source: str, options: dict) -> Problem:

@@ -11,8 +11,12 @@ from specbench.sources import LoadContext, Source, Weights
 from specbench.sources import checkpoints as ckpt
 
 
+def _path(source: str):
+    return cache.distilled_dir(source.removeprefix(DISTILLED_PREFIX))
+
+
 def _folder(source: str, where: str):
-    path = cache.distilled_dir(source.removeprefix(DISTILLED_PREFIX))
+    path = _path(source)
     if not (path / "config.json").is_file():
         raise SpecbenchError(
             where,
@@ -47,4 +51,5 @@ SOURCE = Source(
     facts=_facts,
     options=LOADER_OPTIONS,
     order=30,
+    identity=lambda source: cache.trained_identity(_path(source)),
 )

@@ -85,4 +85,5 @@ def heads_source(
         fixed_weights=True,
         dtype_rule=None,
         heads=True,
+        identity=lambda source: cache.trained_identity(folder(source)),
     )
