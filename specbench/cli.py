@@ -777,7 +777,10 @@ def load(
     console.print(load_table(read_load(out), f"{spec.name} under load ({out})"))
 
 
-theory_app = typer.Typer(help="Expected walltime improvement (EWIF) from the CS Drafting theory (Section 4).")
+theory_app = typer.Typer(
+    help="The papers' theory: CS Drafting's expected walltime improvement (Section 4, table1); SpecDec++'s "
+    "threshold policy (Theorem 3.1, threshold)."
+)
 app.add_typer(theory_app, name="theory")
 
 
@@ -819,6 +822,48 @@ def theory_table1(
             best,
         )
     Console().print(table)
+
+
+@theory_app.command("threshold")
+@user_errors
+def theory_threshold(
+    cost: list[float] = typer.Option([0.05, 0.1, 0.3], "--cost", help="Draft pass / target pass (repeat)."),
+    tokens: int = typer.Option(40, min=2, max=200, help="Tokens the generation needs."),
+    longest: int = typer.Option(6, min=1, max=8, help="Candidates a round may hold."),
+):
+    """SpecDec++ Theorem 3.1, checked: a small MDP's optimal stopping is a threshold on P(rejection).
+
+    The MDP of candidate lengths is solved exactly (value iteration over every round's candidates).
+    Candidates are accepted with chance 0.95, 0.7 or 0.3 (drawn 50/30/20%, seen when drafted). Per
+    remaining budget: the largest rejection chance where continuing is optimal, the smallest where
+    stopping is, and whether a threshold separates them (specbench/papers/specdecpp/threshold.py).
+    """
+    from rich.table import Table
+
+    from specbench.papers.specdecpp.threshold import Problem, threshold_check
+
+    for c in cost:
+        if not 0 < c < 1:
+            raise SpecbenchError("--cost", f"{c} is not a draft-to-target cost ratio", "use 0 < cost < 1")
+    out = Console(width=120)
+    problem = Problem(tokens=tokens, longest=longest)
+    chances = ", ".join(f"{r:g} ({100 * w:g}%)" for r, w in zip(problem.rates, problem.weights, strict=True))
+    out.print(
+        f"SpecDec++ Theorem 3.1 (Huang et al. 2024), checked on an MDP solved exactly: candidates accepted "
+        f"with chance {chances}, seen when drafted; {tokens} tokens to generate, rounds of at most "
+        f"{longest} candidates; c = a draft pass over a target pass.",
+        highlight=False,
+    )
+    for c in cost:
+        rows = threshold_check(Problem(c=c, tokens=tokens, longest=longest))
+        table = Table("tokens left", "continue up to", "stop from", "threshold", title=f"c = {c:g}")
+        for row in rows:
+            table.add_row(
+                str(row["tokens_left"]),
+                *(f"{row[k]:.4f}" if row[k] == row[k] else "—" for k in ("continue_up_to", "stop_from")),
+                "yes" if row["threshold"] else "no",
+            )
+        out.print(table)
 
 
 bigram_app = typer.Typer(help="Argmax bigram tables: the fill of CS Drafting's Max-Gram drafter.")
