@@ -329,6 +329,8 @@ def table3(runs: list[Run]) -> tuple[list[View], list[dict]]:
         "autoregressive cell of the same run (the paper's: over its own AR row), which compares across GPUs.",
         "Paper setting: Appendix B, in the reference code's increments over [vicuna-68m, Max-Gram]; "
         "specbench's K has no Max-Gram column, so [[2,10],[0,10]] runs as K = [[2]] with 10 Max-Gram tokens.",
+        "Medusa: Medusa-1 heads trained on the run's own target (specbench distill --size medusa), the "
+        "fastest tree; CS Drafting + Tree Attention is not implemented (—).",
     ]
     views = [View("CS Drafting Table 3 (Vicuna-7B; walltime): ours | paper", rows, notes)]
 
