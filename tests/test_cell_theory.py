@@ -166,3 +166,28 @@ def test_a_report_gives_a_run_committed_before_the_cascades_theory_its_theory():
     for cell in cascades.itertuples():  # every model of the cascade but the target, priced per step
         assert set(json.loads(cell.theory_passes)) == set(cell.drafter.split("+"))
     assert (run / "cells.csv").read_text() == before  # read, never rewritten
+
+
+def test_the_cascades_view_says_when_the_theory_predicts_that_no_rule_pays():
+    import pandas as pd
+
+    from specbench.papers.base import Run
+    from specbench.papers.spec_cascades.tables import lemma5
+
+    cells = pd.DataFrame(
+        [
+            {"dataset": "cnn", "cell": "sd", "method": "spec_cascade", "params": '{"rule": "sd"}',
+             "reviewed_drafts": 100, "rejection_rate": 0.9, "rejection_rate_lemma5": float("nan"),
+             "swi_ms": 0.87, "swi_ms_theory": 0.86},
+            {"dataset": "cnn", "cell": "chow", "method": "spec_cascade", "params": '{"rule": "chow"}',
+             "reviewed_drafts": 80, "rejection_rate": 0.5, "rejection_rate_lemma5": 0.48,
+             "swi_ms": 1.5, "swi_ms_theory": 1.52},
+        ]
+    )  # fmt: skip
+    view = lemma5([Run("r", Path("."), cells)])
+    assert [row["Lemma 5"] for row in view.rows] == ["—", "0.480"]
+    assert view.rows[1]["rejected ours"] == f"0.500 ± {1.96 * (0.25 / 80) ** 0.5:.3f}"
+    (explained,) = [note for note in view.notes if note.startswith("r cnn")]
+    assert "rejects 0.900" in explained and "SWI 0.86 (ours 0.87)" in explained
+    cells.loc[0, "swi_ms_theory"] = 1.2  # speculation pays: nothing to explain
+    assert not [note for note in lemma5([Run("r", Path("."), cells)]).notes if note.startswith("r cnn")]

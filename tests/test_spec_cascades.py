@@ -516,3 +516,12 @@ def test_cli_runs_a_tiny_cascade_recipe(tmp_path):
     assert cascades and all("deferrals" in row for row in cascades)
     cells = pd.read_csv(out / "cells.csv")
     assert "deferral_rate" in cells.columns
+    # Lemma 5's view: every speculative-cascade cell, its rejections beside Lemma 5's expectation
+    from specbench.papers.base import load_runs
+    from specbench.papers.spec_cascades.tables import lemma5
+
+    view = lemma5(load_runs(out))
+    speculative = cells[cells["method"] == "spec_cascade"]
+    assert len(view.rows) == len(speculative) > 0
+    with_rule = speculative[speculative["rejection_rate_lemma5"].notna()]
+    assert len(with_rule) and (with_rule["rejection_rate"].between(0, 1)).all()

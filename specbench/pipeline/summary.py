@@ -102,16 +102,15 @@ def summarise_cell(rows: list[dict]) -> dict:
     if any("deferrals" in r for r in rows):
         # per generated token: a speculative cascade's rejections, a sequential one's deferred tokens
         out["deferral_rate"] = sum(r.get("deferrals", 0) for r in rows) / tokens if tokens else math.nan
-    if rows and all("expected_rejections" in r for r in rows):
-        # per draft the target reviewed (up to a step's first rejection): rejections that happened,
-        # and Lemma 5's D_TV(π, q) summed over the same drafts (Narasimhan et al., ICLR 2025)
+    if first["method"] == "spec_cascade":
+        # per draft the target reviewed (up to a step's first rejection): the rejections that
+        # happened, and Lemma 5's D_TV(π, q) summed over the same drafts (Narasimhan et al., ICLR 2025)
         reviewed = sum(min(a + 1, d) for d, a in steps)
-        rejected = sum(1 for d, a in steps if a < d)
         out["reviewed_drafts"] = reviewed
-        out["rejection_rate"] = rejected / reviewed if reviewed else math.nan
-        out["rejection_rate_lemma5"] = (
-            sum(r["expected_rejections"] for r in rows) / reviewed if reviewed else math.nan
-        )
+        out["rejection_rate"] = sum(1 for d, a in steps if a < d) / reviewed if reviewed else math.nan
+        if all("expected_rejections" in r for r in rows):  # every rule but sd, since Lemma 5 was
+            expected = sum(r["expected_rejections"] for r in rows)
+            out["rejection_rate_lemma5"] = expected / reviewed if reviewed else math.nan
     metrics = sorted({m for r in rows for m in r["quality"]})
     for metric in metrics:
         out[f"quality_{metric}"] = _mean([r["quality"].get(metric, math.nan) for r in rows])

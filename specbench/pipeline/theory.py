@@ -165,17 +165,22 @@ def _add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def of_cell(rows: list[dict], iid: bool) -> Expectation | None:
-    """The theory's expectation for the cell of ``rows`` (speculative decoding or CS Drafting, from
-    their acceptance as measured), or None for other methods."""
+    """The theory's expectation for the cell of ``rows`` (speculative decoding, a speculative cascade
+    or CS Drafting, from their acceptance as measured), or None for other methods. A speculative
+    cascade (Narasimhan et al., ICLR 2025) is speculative decoding against π instead of p: the same
+    expectation from its own acceptance, with one more drafter pass a step for q at the bonus
+    position where π needs it (every rule but sd)."""
     first = rows[0]
     steps = [s for r in rows for s in r["steps"]]
     if not steps:
         return None
-    if first["method"] == "speculative" and first.get("drafter"):
-        k = first["params"].get("k")
+    method, params = first["method"], first["params"]
+    if method in ("speculative", "spec_cascade") and first.get("drafter"):
+        k = params.get("k")
         if not isinstance(k, int):
             return None
-        return speculative(rates(steps, iid), drafted_pmf(steps), first["drafter"], k)
+        passes = k + (method == "spec_cascade" and params.get("rule") != "sd")
+        return speculative(rates(steps, iid), drafted_pmf(steps), first["drafter"], passes)
     if first["method"] == "cs_drafting" and first.get("drafters"):
         params = first["params"]
         K = params["K"]
