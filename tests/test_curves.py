@@ -546,3 +546,37 @@ def test_report_paper_specdecpp_needs_speculative_cells(cascade_run: Path):
     result = runner.invoke(app, ["report", str(cascade_run), "--paper", "specdecpp"])
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
     assert "no speculative or specdecpp cells" in result.output
+
+
+def test_specdecpp_view_has_the_oracle_and_table_3_by_head_name():
+    from specbench.papers.base import Run
+    from specbench.papers.specdecpp.tables import table1
+
+    head = "specdecpp:t/d/{}"
+    cells = pd.DataFrame(
+        [
+            {"dataset": "alpaca/train", "cell": "ar", "method": "autoregressive", "params": "{}",
+             "tokens_per_s": 10.0, "speedup_vs_ar": 1.0},
+            {"dataset": "alpaca/train", "cell": "o", "method": "oracle_sd", "params": "{}",
+             "tokens_per_s": 30.0, "speedup_vs_ar": 3.0},
+            *(
+                {"dataset": "alpaca/train", "cell": f"pp{t}", "method": "specdecpp",
+                 "params": json.dumps({"head": head.format("wrej6-d3"), "threshold": t}),
+                 "tokens_per_s": 20.0 + t, "speedup_vs_ar": 2.0}
+                for t in (0.3, 0.7)
+            ),
+            {"dataset": "gsm8k/test", "cell": "pp1", "method": "specdecpp",
+             "params": json.dumps({"head": head.format("wrej1-d0")}), "tokens_per_s": 15.0,
+             "speedup_vs_ar": 1.5},
+        ]
+    )  # fmt: skip
+    views, _ = table1([Run("r", None, cells)])
+    rows = {(r["Dataset"], r["Algorithm"]): r for r in views[0].rows}
+    assert rows[("Alpaca", "Oracle")]["tok/s ours"] == "30.00"
+    assert rows[("Alpaca", "Oracle")]["×AR paper"] == "2.92"  # Sec. 2.1, Alpaca only
+    assert rows[("GSM8K", "Oracle")]["tok/s paper"] == "—"
+    ablation = {(r["w_rej"], r["D"]): r for r in views[1].rows}
+    assert len(ablation) == 20 and ablation[("6", "3")]["Alpaca paper"] == "18.80"
+    assert ablation[("6", "3")]["Alpaca ours"] == "20.70"  # the best threshold of that head
+    assert ablation[("1", "0")]["GSM8K ours"] == "15.00" and ablation[("1", "0")]["Alpaca ours"] == "—"
+    assert ablation[("12", "4")]["Alpaca ours"] == "—"  # wrej1-d0 is not wrej12-d4 or wrej1-d00
