@@ -133,8 +133,9 @@ def lemma5(runs: list[Run]) -> View:
                     f"rejects {num(rate, 3)} of the small model's drafts, so the theory gives it SWI "
                     f"{num(theory)} (ours {num(cell.get('swi_ms'))}), below the large model alone: a rule "
                     "that keeps the large model's quality rejects about as often, so the theory predicts "
-                    "that no speculative rule matches that quality faster, as measured; only the rules that "
-                    "accept the small model's text (low rejection) are faster."
+                    "that no speculative rule matches that quality faster than the large model (Table 2's "
+                    "lat↓ above says whether one did); only rules that accept the small model's text "
+                    "(low rejection) can be faster."
                 )
     notes = [
         "Lemma 5 (Narasimhan et al., ICLR 2025): a draft x ~ q_t is rejected with probability "
