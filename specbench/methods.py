@@ -126,8 +126,12 @@ class Method:
 
 
 def given_params(spec) -> set[str]:
-    """The parameter names a recipe entry sets, in params or grid."""
-    return spec.params.keys() | spec.grid.keys()
+    """The parameter names a recipe entry sets, in its grid or in params to a value other than the
+    method's default (a resolved recipe writes every default, and must load again as it ran)."""
+    declared = METHODS[spec.method].params
+    return spec.grid.keys() | {
+        name for name, value in spec.params.items() if name not in declared or value != declared[name].default
+    }
 
 
 class MethodRegistry(MutableMapping):

@@ -326,6 +326,11 @@ class Recipe(_Strict):
     def resolved(self) -> dict:
         """Every default filled in, as plain data; loading it again gives the same cells."""
         data = self.model_dump(mode="json")
+        for name, model in data["models"].items():  # JSON made max_memory's GPU indices strings
+            memory = (model.get("options") or {}).get("max_memory")
+            if isinstance(memory, dict):
+                given = self.models[name].options["max_memory"]
+                model["options"]["max_memory"] = {key: given[key] for key in given}
         for dumped, spec in zip(data["methods"], self.methods, strict=True):
             info = METHODS[spec.method]
             params = _defaults(info) | _normalized(info, spec.params)

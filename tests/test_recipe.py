@@ -424,10 +424,15 @@ def test_parse_recipe_names_the_given_path():
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "recipes").glob("**/*.yaml")), ids=lambda p: p.name)
-def test_shipped_recipes_are_valid(path):
+def test_shipped_recipes_are_valid_and_their_resolved_form_loads_to_the_same_cells(path):
     from specbench.tasks import TASKS as KNOWN
 
-    assert load_recipe(path, known_tasks=set(KNOWN)).cells()
+    recipe = load_recipe(path, known_tasks=set(KNOWN))
+    assert recipe.cells()
+    # a run writes resolved_recipe.yaml (every default filled in): it must load again, to the same
+    # cells and fingerprints, or the run cannot be resumed or checked (specbench check)
+    again = parse_recipe(recipe.resolved(), path, known_tasks=set(KNOWN))
+    assert [c.fingerprint(again) for c in again.cells()] == [c.fingerprint(recipe) for c in recipe.cells()]
 
 
 def test_every_samples_across_a_sorted_set_before_the_limit(tmp_path):

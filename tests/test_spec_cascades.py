@@ -437,7 +437,7 @@ BAD = [
         r"params\.beta: rule 'diff' takes no",
     ),
     (
-        dict(method="spec_cascade", params={"beta": 1.0}, grid={"rule": ["lossy", "opt"]}),
+        dict(method="spec_cascade", params={"beta": 2.0}, grid={"rule": ["lossy", "opt"]}),
         r"params\.beta: rule 'opt' takes no parameter 'beta'.*own method entry",
     ),
     (
@@ -450,7 +450,7 @@ BAD = [
     ),
     (dict(method="spec_cascade", params={"rule": "lossy", "alpha": 0.2, "beta": 0.5}), r"needs β >= 1 - α"),
     (
-        dict(method="spec_cascade", params={"rule": "lossy", "beta": 1.0, "tune_beta": True}),
+        dict(method="spec_cascade", params={"rule": "lossy", "beta": 2.0, "tune_beta": True}),
         r"params\.beta: beta is given, but tune_beta",
     ),
     (
@@ -476,6 +476,15 @@ def test_bad_cascade_parameters_are_one_line_errors(tmp_path, entry, message):
     with pytest.raises(SpecbenchError, match=message) as error:
         parse_recipe(with_method(**entry), tmp_path / "r.yaml")
     assert "\n" not in str(error.value) and " — fix: " in str(error.value)
+
+
+def test_a_default_written_out_is_not_a_parameter_given(tmp_path):
+    # a resolved recipe writes every default (alpha: 0.0 under rule sd, beta: 1.0 beside tune_beta):
+    # it must load again as it ran, so a value equal to the default counts as not given
+    entry = dict(method="spec_cascade", params={"rule": "sd", "alpha": 0.0, "beta": 1.0, "k": 5})
+    assert parse_recipe(with_method(**entry), tmp_path / "r.yaml").cells()
+    tuned = dict(method="spec_cascade", params={"rule": "lossy", "beta": 1.0, "tune_beta": True})
+    assert parse_recipe(with_method(**tuned), tmp_path / "r.yaml").cells()
 
 
 def test_valid_cascade_entries_expand_to_cells(tmp_path):
