@@ -134,11 +134,11 @@ def test_a_cascade_cells_summary_carries_the_theory_from_its_reviews():
     assert math.isnan(cell["swi_pw_theory"])  # the drafter has no PW cost
 
 
-# every committed run directory with speculative or CS Drafting cells
+# every committed run directory with speculative, speculative-cascade or CS Drafting cells
 COMMITTED_RUNS = sorted(
     str(p.parent.relative_to(RESULTS))
     for p in RESULTS.rglob("examples.jsonl")
-    if re.search(r'"method": ?"(speculative|cs_drafting)"', p.read_text())
+    if re.search(r'"method": ?"(speculative|cs_drafting|spec_cascade)"', p.read_text())
 )
 
 
@@ -146,7 +146,7 @@ COMMITTED_RUNS = sorted(
 def test_the_theory_is_within_5_percent_of_every_committed_cell(run):
     rows = [json.loads(line) for line in (RESULTS / run / "examples.jsonl").read_text().splitlines()]
     cells = summarise(rows)
-    cells = cells[cells["method"].isin(["speculative", "cs_drafting"])]
+    cells = cells[cells["method"].isin(["speculative", "cs_drafting", "spec_cascade"])]
     for table in ("ms", "pw"):
         measured, predicted = cells[f"swi_{table}"], cells[f"swi_{table}_theory"]
         both = measured.notna() & predicted.notna()

@@ -1,4 +1,5 @@
-"""The papers' theory beside every committed speculative-decoding and CS Drafting cell (MS costs).
+"""The papers' theory beside every committed speculative-decoding, speculative-cascade and CS Drafting
+cell (MS costs).
 
     python results/theory/cell_theory.py   # writes results/theory/cell_theory.md
 
@@ -18,12 +19,14 @@ from specbench.pipeline.results import read_examples
 from specbench.pipeline.summary import summarise
 
 ROOT = Path(__file__).resolve().parents[2]
-KINDS = ("SD, neural drafter", "SD, statistical drafter", "CS Drafting")
+KINDS = ("SD, neural drafter", "SD, statistical drafter", "CS Drafting", "Speculative cascade")
 
 
 def kind(method: str, drafter_cost: float | None) -> str:
     if method == "cs_drafting":
         return KINDS[2]
+    if method == "spec_cascade":
+        return KINDS[3]
     return KINDS[1] if drafter_cost == 0 else KINDS[0]
 
 

@@ -95,7 +95,7 @@ def expected_tokens(rate: np.ndarray, draft: np.ndarray) -> float:
 
 def speculative(rate: np.ndarray, draft: np.ndarray, drafter: str, passes_per_step: float) -> Expectation:
     """Speculative decoding: the target reviews a draft of length J ~ ``draft`` (k every step for a
-    model drafter); the drafter runs ``passes_per_step`` passes (k, Leviathan et al.'s count)."""
+    model drafter); the drafter runs ``passes_per_step`` passes (k in Leviathan et al.'s count)."""
     return Expectation(expected_tokens(rate, draft), {drafter: passes_per_step})
 
 
@@ -179,8 +179,12 @@ def of_cell(rows: list[dict], iid: bool) -> Expectation | None:
         k = params.get("k")
         if not isinstance(k, int):
             return None
-        passes = k + (method == "spec_cascade" and params.get("rule") != "sd")
-        return speculative(rates(steps, iid), drafted_pmf(steps), first["drafter"], passes)
+        # a pass per drafted token: k, less where the token budget cut the last drafts short
+        draft = drafted_pmf(steps)
+        passes = float(draft @ np.arange(len(draft))) + (
+            method == "spec_cascade" and params.get("rule") != "sd"
+        )
+        return speculative(rates(steps, iid), draft, first["drafter"], passes)
     if first["method"] == "cs_drafting" and first.get("drafters"):
         params = first["params"]
         K = params["K"]
