@@ -108,3 +108,15 @@ def test_a_new_run_records_its_trained_models_training(tmp_path: Path, monkeypat
 
     assert _identity("distilled:t/small") == {"identity": cache.trained_identity(folder)}
     assert _identity("tiny-llama") == {}
+
+
+def test_checking_a_run_leaves_this_process_threads_as_they_were(tiny_run: Path):
+    import torch
+
+    resolved = tiny_run / "resolved_recipe.yaml"
+    recipe = yaml.safe_load(resolved.read_text())
+    recipe["threads"] = 1  # a runner takes the recipe's threads; a check must not keep them
+    resolved.write_text(yaml.safe_dump(recipe))
+    before = torch.get_num_threads()
+    check_run(tiny_run)
+    assert torch.get_num_threads() == before

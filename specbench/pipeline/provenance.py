@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from rich.console import Console
 
 from specbench import sources
@@ -76,6 +77,7 @@ def check_run(directory: Path) -> Finding:
     if not recipe_path.is_file():
         finding.problems.append(f"has no {RESOLVED_RECIPE}: nothing says how its rows were made")
         return finding
+    threads = torch.get_num_threads()  # a runner takes the recipe's threads: reading must not
     try:
         recipe = load_recipe(recipe_path)
         runner = Runner(recipe, directory, resume=True, console=Console(stderr=True, quiet=True))
@@ -90,6 +92,8 @@ def check_run(directory: Path) -> Finding:
             )
         if missing:
             finding.notes.append(f"{missing} row(s) of its recipe were never measured (a --limit run?)")
+    finally:
+        torch.set_num_threads(threads)
     _check_models(directory, finding)
     return finding
 
