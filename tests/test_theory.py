@@ -161,11 +161,13 @@ def test_table1_reproduces_paper():
 
 @pytest.mark.parametrize(("alpha", "k", "c"), [(0.3, 1, 0.1), (0.7, 4, 0.05), (0.9, 3, 0.0), (1.0, 2, 0.2)])
 def test_theory_by_position_with_equal_rates_is_the_papers_closed_form(alpha, k, c):
-    from specbench.models.costs import expected_tokens_per_step, theory_swi
     from specbench.papers.cs_drafting.theory import ewif_speculative, expected_tokens_speculative
+    from specbench.pipeline import theory
 
-    assert expected_tokens_per_step([alpha] * k) == pytest.approx(expected_tokens_speculative(alpha, k))
-    assert theory_swi([alpha] * k, c) == pytest.approx(ewif_speculative(alpha, k, c))
+    rates, draft = np.full(theory.LONGEST, alpha), np.eye(k + 1)[k]  # k drafts every step
+    assert theory.expected_tokens(rates, draft) == pytest.approx(expected_tokens_speculative(alpha, k))
+    step = theory.speculative(rates, draft, "d", k)
+    assert step.swi({"t": 1.0, "d": c}, "t") == pytest.approx(ewif_speculative(alpha, k, c))
 
 
 def test_the_iid_alpha_is_the_maximum_likelihood_of_the_steps():

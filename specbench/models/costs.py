@@ -69,26 +69,6 @@ def swi(tokens: float, forwards: dict[str, float], costs: dict[str, float | None
     return tokens * target_cost / spent
 
 
-def expected_tokens_per_step(conditional: Sequence[float]) -> float:
-    """Expected tokens one speculative step commits with k drafts whose j-th is accepted with
-    chance beta_j once the j-1 before it were: 1 + sum_i prod_{j<=i} beta_j. With beta_j = alpha for
-    every j it is (1 - alpha^(k+1)) / (1 - alpha) (Leviathan et al., "Fast Inference from Transformers
-    via Speculative Decoding", ICML 2023, Eq. 1; Chen et al., "Cascade Speculative Drafting", NeurIPS
-    2024, Corollary 4.2), which assumes the acceptances i.i.d.; measured rates by position do not."""
-    total, reached = 1.0, 1.0
-    for rate in conditional:
-        reached *= rate
-        total += reached
-    return total
-
-
-def theory_swi(conditional: Sequence[float], drafter_cost: float) -> float:
-    """The expected walltime improvement of speculative decoding with a drafter of cost c per pass and
-    k = len(conditional) drafts a step: E[tokens per step] / (1 + k c) (Leviathan et al. 2023,
-    Theorem 3.8; Chen et al. 2024, Corollary 4.2)."""
-    return expected_tokens_per_step(conditional) / (1 + len(conditional) * drafter_cost)
-
-
 def iid_acceptance(steps: Sequence[Sequence[int]]) -> float:
     """The maximum-likelihood alpha of i.i.d. acceptances from (drafted, accepted) steps: each step's
     accepted drafts are successes, and its first rejection (where it had one) the one failure."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specbench.decoding.cascade_drafting import cumulative_from_increments
-from specbench.models.costs import iid_acceptance
+from specbench.models.costs import iid_acceptance, swi
 from specbench.pipeline.statistics import acceptance_rates, position_counts
 
 LONGEST = 1024  # draft positions a rate vector covers (positions past a reviewer's measured ones)
@@ -46,13 +46,9 @@ class Expectation:
     passes: dict[str, float]
 
     def swi(self, costs: dict[str, float | None], target: str) -> float:
-        """Expected walltime improvement under one cost table (per-model cost per pass); NaN when a
-        model that runs has no cost there."""
-        target_cost = costs.get(target)
-        if not target_cost or any(costs.get(m) is None for m, n in self.passes.items() if n > 0):
-            return math.nan
-        spent = target_cost + sum(costs[m] * n for m, n in self.passes.items() if n > 0)
-        return self.tokens * target_cost / spent
+        """Expected walltime improvement under one cost table (per-model cost per pass): SWI of one
+        step, a target pass and these passes; NaN when a model that runs has no cost there."""
+        return swi(self.tokens, {target: 1.0, **self.passes}, costs, target)
 
 
 def rates(steps: Sequence[Sequence[int]], iid: bool) -> np.ndarray:
