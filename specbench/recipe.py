@@ -183,6 +183,15 @@ class GenerationSpec(_Strict):
     temperature: float = Field(default=0.0, ge=0.0, le=100.0, allow_inf_nan=False)  # 0 = greedy
     top_k: int = Field(default=0, ge=0)  # 0 = off
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    # prompt + new tokens at most, as transformers' max_length (SpecDec++'s release: 512); None: no cap
+    # beyond max_new_tokens, which still caps every example
+    max_length: int | None = Field(default=None, ge=2)
+
+    def budget(self, prompt_tokens: int, max_new_tokens: int | None = None) -> int:
+        """New tokens an example may generate: ``max_new_tokens`` (the dataset's, else this one's),
+        no more than ``max_length`` leaves after the prompt."""
+        budget = max_new_tokens or self.max_new_tokens
+        return budget if self.max_length is None else min(budget, self.max_length - prompt_tokens)
 
 
 class LoadSpec(_Strict):
@@ -382,7 +391,8 @@ class Cell:
             },
             "target": _model_payload(recipe, self.target),
             "drafter": _model_payload(recipe, self.drafter) if self.drafter else None,
-            "generation": recipe.generation.model_dump(mode="json"),
+            # max_length enters only when set, so cells from before it existed keep their keys
+            "generation": recipe.generation.model_dump(mode="json", exclude_none=True),
             "seed": recipe.seed,
         }
         if self.drafters:  # only cascades carry the key, so other cells keep their fingerprints
@@ -451,6 +461,46 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def load_recipe(path: str | Path, known_tasks: Collection[str] | None = None) -> Recipe:
     """Read, validate and return a recipe; any problem is one SpecbenchError line."""
     path = Path(path)
+    return parse_recipe(_extended(_read_yaml(path), path), path, known_tasks)
+
+
+def _extended(data, path: Path, chain: tuple[Path, ...] = ()):
+    """A recipe with ``extends: other.yaml`` is that recipe with this file's keys laid over it:
+    mappings merge key by key (so ``models: {large: {source: ...}}`` swaps one model and keeps its
+    dtype and device), anything else, lists included, replaces the base's value. The base is found
+    relative to the extending file; relative paths inside either resolve from the extending file."""
+    if not isinstance(data, dict) or "extends" not in data:
+        return data
+    data = dict(data)
+    base_name = data.pop("extends")
+    field = f"{path}: extends"
+    if not isinstance(base_name, str) or not base_name.strip():
+        raise SpecbenchError(field, "must name one recipe file", "e.g. extends: gemma_2b_27b.yaml")
+    base_path = path.parent / base_name
+    here = path.resolve()
+    if base_path.resolve() in chain + (here,):
+        raise SpecbenchError(
+            field, f"{base_name} leads back to this recipe", "let one recipe of the chain stand alone"
+        )
+    if not base_path.is_file():
+        raise SpecbenchError(
+            field, f"{base_name} not found in {path.parent}", "give the base recipe's path relative to it"
+        )
+    base = _extended(_read_yaml(base_path), base_path, chain + (here,))
+    if not isinstance(base, dict):
+        raise SpecbenchError(field, f"{base_name} is not a recipe mapping", "extend a recipe file")
+    return _overlay(base, data)
+
+
+def _overlay(base: dict, over: dict) -> dict:
+    merged = dict(base)
+    for key, value in over.items():
+        both = isinstance(value, dict) and isinstance(base.get(key), dict)
+        merged[key] = _overlay(base[key], value) if both else value
+    return merged
+
+
+def _read_yaml(path: Path):
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -470,7 +520,7 @@ def load_recipe(path: str | Path, known_tasks: Collection[str] | None = None) ->
         raise SpecbenchError(
             str(path), "is nested too deeply to be a recipe", "a recipe is a few levels of mappings and lists"
         ) from None
-    return parse_recipe(data, path, known_tasks)
+    return data
 
 
 def parse_recipe(data: dict, path: str | Path, known_tasks: Collection[str] | None = None) -> Recipe:

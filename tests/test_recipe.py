@@ -126,6 +126,54 @@ def test_resolved_recipe_reloads_to_the_same_cells(tmp_path):
     assert [c.fingerprint(again) for c in again.cells()] == [c.fingerprint(recipe) for c in recipe.cells()]
 
 
+def test_extends_lays_the_recipe_over_its_base(tmp_path):
+    write(tmp_path, BASE, "base.yaml")
+    over = {
+        "extends": "base.yaml",
+        "name": "t-bigger",
+        "models": {"target": {"source": "tiny-llama-2"}},  # merges: dtype float64 stays
+        "datasets": [{"task": "gsm8k", "limit": 1}],  # lists replace
+    }
+    recipe = load(tmp_path, over)
+    assert recipe.name == "t-bigger" and recipe.generation.max_new_tokens == 16
+    assert (recipe.models["target"].source, recipe.models["target"].dtype) == ("tiny-llama-2", "float64")
+    assert recipe.models["draft"].options == {"layers": 1}
+    assert [(d.task, d.limit) for d in recipe.datasets] == [("gsm8k", 1)]
+    assert [m.name for m in recipe.methods] == ["ar", "sd", "sd-draft"]
+    assert load(tmp_path, recipe.resolved(), "resolved.yaml").models == recipe.models  # stands alone
+
+
+@pytest.mark.parametrize(
+    "extends, message",
+    [
+        ("missing.yaml", "missing.yaml not found"),
+        ("recipe.yaml", "leads back to this recipe"),
+        ("loop.yaml", "leads back to this recipe"),
+        (3, "must name one recipe file"),
+    ],
+)
+def test_a_bad_extends_is_one_line_naming_the_field(tmp_path, extends, message):
+    write(tmp_path, {"extends": "recipe.yaml"}, "loop.yaml")
+    with pytest.raises(SpecbenchError) as error:
+        load(tmp_path, {"extends": extends, "name": "t"})
+    assert message in str(error.value) and ".yaml: extends: " in str(error.value)
+
+
+def test_the_extending_shipped_recipes_change_only_the_large_model():
+    from specbench.tasks import TASKS as KNOWN
+
+    folder = ROOT / "recipes" / "spec_cascades"
+    for child, base, large in [
+        ("gemma_2b_9b.yaml", "gemma_2b_27b.yaml", "google/gemma-2-9b-it"),
+        ("t5_small_xl.yaml", "t5_small_large.yaml", "google/t5-v1_1-xl"),
+    ]:
+        extended, original = (load_recipe(folder / f, known_tasks=set(KNOWN)) for f in (child, base))
+        assert extended.models["large"].source == large
+        assert extended.models["small"] == original.models["small"]
+        assert extended.datasets == original.datasets and extended.methods == original.methods
+        assert extended.generation == original.generation
+
+
 def test_cost_from_a_published_table(tmp_path):
     data = changed(models__draft__cost={"pw": {"table": "leviathan2023-t5", "entry": "t5-small"}})
     assert load(tmp_path, data).models["draft"].cost.pw.entry == "t5-small"
