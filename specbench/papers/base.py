@@ -12,6 +12,7 @@ Like the rest of the report this reads only result files, never models or the de
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable
@@ -26,7 +27,9 @@ from rich.text import Text
 
 from specbench.errors import SpecbenchError
 from specbench.pipeline.report import load_cells
-from specbench.pipeline.results import CELLS
+from specbench.pipeline.results import CELLS, read_examples
+from specbench.pipeline.statistics import paired_bootstrap_ratio
+from specbench.pipeline.summary import swi_terms
 
 FORMATS = ("table", "markdown", "csv")
 MISSING = "—"
@@ -128,6 +131,30 @@ class Paper:
                 "compare the shape of the table, not its numbers."
             )
         return lines
+
+
+def paired_swi_interval(runs: list[Run], a: dict, b: dict, table: str) -> tuple[float, float]:
+    """The paired bootstrap interval (95%) of SWI(a) / SWI(b), two cells of ``cells.csv``, over the
+    prompts both ran (their example rows, paired by example id); (NaN, NaN) with fewer than two."""
+    directories = {run.name: run.directory for run in runs}
+    first, second = (_swi_terms(directories[c["run"]], c["dataset"], c["cell"], table) for c in (a, b))
+    shared = [example for example in first if example in second]
+    if len(shared) < 2:
+        return math.nan, math.nan
+    num_a, den_a = zip(*(first[e] for e in shared), strict=True)
+    num_b, den_b = zip(*(second[e] for e in shared), strict=True)
+    return paired_bootstrap_ratio(num_a, den_a, num_b, den_b)
+
+
+def _swi_terms(directory: Path, dataset: str, cell: str, table: str) -> dict[str, tuple[float, float]]:
+    """example id -> (numerator, denominator) of one cell's SWI, from the run's example rows."""
+    rows = [r for r in _examples(directory) if r.get("dataset") == dataset and r.get("cell") == cell]
+    return {r["example_id"]: swi_terms(r, table) for r in rows if r.get("costs")}
+
+
+@functools.lru_cache(maxsize=8)
+def _examples(directory: Path) -> list[dict]:
+    return read_examples(directory)
 
 
 def best(frame: pd.DataFrame, metric: str) -> dict | None:

@@ -84,11 +84,7 @@ def summarise_cell(rows: list[dict]) -> dict:
         out[f"swi_{table}_mean"] = _mean(per_example)  # mean of per-example ratios
         # the bootstrap interval of that ratio of sums over examples (AR's: [1, 1], a pass per token)
         out[f"swi_{table}_low"], out[f"swi_{table}_high"] = bootstrap_ratio(
-            [r["n_tokens"] * _cost(r["costs"][table].get(target)) for r in rows],
-            [
-                weighted_passes({m: c["forward_passes"] for m, c in r["forwards"].items()}, r["costs"][table])
-                for r in rows
-            ],
+            *zip(*(swi_terms(r, table) for r in rows), strict=True)
         )
     out.update(
         tokens_per_s=tokens / walltime if walltime else math.nan,
@@ -247,6 +243,14 @@ def _theory(rows: list[dict], target: str) -> dict:
 
 def _json_rates(rates: list[float]) -> str:
     return json.dumps([None if math.isnan(x) else round(x, 6) for x in rates])
+
+
+def swi_terms(row: dict, table: str) -> tuple[float, float]:
+    """One example's SWI as a fraction (tokens x the target's cost, cost-weighted forward passes): a
+    cell's SWI is the ratio of their sums over its examples."""
+    costs = row["costs"][table]
+    passes = weighted_passes({m: c["forward_passes"] for m, c in row["forwards"].items()}, costs)
+    return row["n_tokens"] * _cost(costs.get(row["target"])), passes
 
 
 def _cost(value) -> float:

@@ -27,7 +27,7 @@ from importlib import resources
 import pandas as pd
 import yaml
 
-from specbench.papers.base import MISSING, Run, View, best, num
+from specbench.papers.base import MISSING, Run, View, best, num, paired_swi_interval
 from specbench.papers.cs_drafting.theory import LEVIATHAN_COSTS, PARAM_COSTS
 from specbench.pipeline.theory import Expectation
 from specbench.sources import source_of
@@ -172,9 +172,8 @@ def table2(runs: list[Run]) -> tuple[list[View], list[dict]]:
                 f"{column} setting paper": paper_setting(theirs) if theirs else MISSING,
             }
             ours = _number(top[metric]) if top else math.nan
-            ranked.append(
-                (label, column, row["Algorithm"], row["{M_di}"], paper[column.lower()], ours, theory, what_if)
-            )
+            named = (label, column, row["Algorithm"], row["{M_di}"], paper[column.lower()])
+            ranked.append((*named, ours, theory, what_if, top))
             tidy.append(
                 _tidy("2", label, paper["algorithm"], row["{M_di}"], metric, top, paper[column.lower()])
                 | {
@@ -197,7 +196,7 @@ def table2(runs: list[Run]) -> tuple[list[View], list[dict]]:
         "with Max-Gram's draft lengths as measured). what-if = the same theory with the paper's costs "
         "(MS: FLAN-T5 parameter ratios, SMALL 0.0069, BASE 0.022; PW: Leviathan et al.'s Table 4, SMALL "
         "0.02, BASE 0.04; MAG 0) and our acceptance, best over this run's settings of the row.",
-        *orderings(ranked),
+        *orderings(ranked, runs),
         REFERENCE_AGREEMENT,
     ]
     settings_notes = [
@@ -234,25 +233,34 @@ def _best_at(mine: pd.DataFrame, costs: dict[str, float], runs: list[Run]) -> fl
     return max(values) if values else math.nan
 
 
-def orderings(ranked: list[tuple]) -> list[str]:
+def orderings(ranked: list[tuple], runs: list[Run]) -> list[str]:
     """For every pair of rows the paper orders one way and this run the other (per dataset and
-    column): whether the theory from our acceptance predicts our order, and whether the theory at the
+    column): the paired bootstrap interval of our ratio (is the reversal more than the prompts'
+    noise?), whether the theory from our acceptance predicts our order, and whether the theory at the
     paper's costs gives the paper's order back. ``ranked``: (dataset, column, algorithm, drafters,
-    paper, ours, theory, what-if) per row."""
+    paper, ours, theory, what-if, our cell or None) per row."""
     lines = []
     groups: dict[tuple, list[tuple]] = {}
     for entry in ranked:
         groups.setdefault(entry[:2], []).append(entry)
     for (label, column), entries in groups.items():
-        pairs = []
+        pairs, kept, unclear = [], 0, 0
         for a, b in itertools.combinations(entries, 2):
             high, low = (a, b) if _number(a[4]) > _number(b[4]) else (b, a)
-            if not _number(high[4]) > _number(low[4]) or not _number(high[5]) < _number(low[5]):
-                continue  # the paper does not order them, we have no cell, or we agree
+            if not _number(high[4]) > _number(low[4]) or math.isnan(_number(high[5]) + _number(low[5])):
+                continue  # the paper does not order them, or we have no cell
+            interval = _interval(runs, high[8], low[8], column)
+            if _number(high[5]) >= _number(low[5]):
+                kept += 1
+                unclear += interval[0] <= 1.0  # our order holds, but not beyond the prompts' noise
+                continue
             text = (
                 f"{_name(high)} > {_name(low)} in the paper ({high[4]:.2f} > {low[4]:.2f}), "
                 f"{_versus(high[5], low[5])} ours"
             )
+            if not math.isnan(interval[0]):
+                noise = ", within noise" if interval[1] >= 1.0 else ""
+                text += f" (ratio 95% CI {interval[0]:.2f}-{interval[1]:.2f}{noise})"
             if not math.isnan(high[6] + low[6]):
                 verdict = "predicts it" if high[6] < low[6] else "does not predict it"
                 text += f"; theory {_versus(high[6], low[6])} {verdict}"
@@ -260,9 +268,22 @@ def orderings(ranked: list[tuple]) -> list[str]:
                 back = "the paper's order" if high[7] > low[7] else "still reversed"
                 text += f"; at the paper's costs {_versus(high[7], low[7])}, {back}"
             pairs.append(text)
-        if pairs:
-            lines.append(f"Reversed in {label} {column}: " + "; ".join(pairs) + ".")
+        if kept or pairs:
+            noise = f" ({unclear} of them within noise: the paired 95% CI of the ratio includes 1)"
+            lines.append(
+                f"{label} {column}: the paper's order holds in {kept} of {kept + len(pairs)} pairs of rows"
+                + (noise if unclear else "")
+                + (". Reversed: " + "; ".join(pairs) if pairs else "")
+                + "."
+            )
     return lines
+
+
+def _interval(runs: list[Run], high: dict | None, low: dict | None, column: str) -> tuple[float, float]:
+    """Paired 95% CI of SWI(high) / SWI(low) in ``column`` (MS or PW); NaN without both cells."""
+    if not high or not low:
+        return math.nan, math.nan
+    return paired_swi_interval(runs, high, low, column.lower())
 
 
 def _versus(a: float, b: float) -> str:
