@@ -638,7 +638,9 @@ def distill(
         ["small", "base"],
         "--size",
         help="Drafters to train: small (~8.5M, 2 layers x 160), base (the target's embedding and first "
-        "2 layers), exit<N> (an exit head on the target's first N layers), medusa (4 Medusa-1 heads on "
+        "2 layers), mini and micro (2 layers x 60 and x 20: ~3.0M and ~1.0M for SmolLM2-135M, CS Drafting's "
+        "FLAN-T5-base and -small cost ratios to XXL), exit<N> (an exit head on the target's first N layers), "
+        "medusa (4 Medusa-1 heads on "
         "the target's last hidden state; recipes name them medusa:<target>/medusa), eagle (an EAGLE head: "
         "one decoder layer on the target's features, also saved in vLLM's eagle layout; recipes name it "
         "eagle:<target>/eagle). Repeat the option for several.",
@@ -654,7 +656,10 @@ def distill(
     max_new_tokens: int = typer.Option(128, min=1, help="Length cap of the target's answers."),
     top_k: int = typer.Option(32, min=1, help="Teacher log-probabilities kept per position."),
     epochs: float = typer.Option(
-        None, min=0.01, help="Training epochs (default per size: small 3, base 2, exit 1, medusa 2, eagle 8)."
+        None,
+        min=0.01,
+        help="Training epochs (default per size: small 3, base 2, micro 6, mini 6, exit 1, medusa 2, "
+        "eagle 8).",
     ),
     lr: float = typer.Option(None, min=0.0, help="Peak learning rate (default per size)."),
     seed: int = typer.Option(0, help="Seed of the student's initialisation and batch order."),
@@ -663,7 +668,7 @@ def distill(
         min=0,
         help="Score only the N tokens most frequent in the training data (FR-Spec); the drafter "
         "gives the others probability 0, which keeps decoding lossless and each pass cheaper. "
-        "0 = the whole vocabulary (default per size: small and base 8192; exit heads always 0).",
+        "0 = the whole vocabulary (default per size: 8192; exit heads always 0).",
     ),
 ):
     """Train drafters that share the target's tokenizer by distillation (forward KL on its top-k).
@@ -937,6 +942,19 @@ def specdecpp_train(
     dtype: str = typer.Option("float32", help="Model dtype: float32, float64, bfloat16 or float16."),
     device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or mps."),
     teacher_batch: int = typer.Option(8, min=1, help="Sequences per target / drafter forward pass."),
+    prompt_set: str = typer.Option(
+        "distill",
+        help="distill: distill's prompts (GSM8K train, MMLU dev, Alpaca seeds), --eval-fraction held out; "
+        "alpaca: the paper's split, Alpaca's specdecpp-train prompts to train and specdecpp-dev to "
+        "evaluate, so a recipe's alpaca specdecpp-test prompts stay unseen.",
+    ),
+    temperature: float = typer.Option(
+        0.0,
+        min=0.0,
+        help="Sample the target's responses at this temperature (0: greedy; the release samples).",
+    ),
+    top_p: float = typer.Option(1.0, min=0.0, max=1.0, help="Nucleus cut of the sampled responses."),
+    top_k: int = typer.Option(0, min=0, help="Top-k cut of the sampled responses (0: off)."),
 ):
     """Train SpecDec++'s acceptance head for TARGET and DRAFTER (Sec. 3.3) and save it with a manifest.
 
@@ -960,6 +978,10 @@ def specdecpp_train(
         raise SpecbenchError(
             "--dtype", f"unknown dtype {dtype!r}", "use float32, float64, bfloat16 or float16"
         )
+    if prompt_set not in training.PROMPT_SETS:
+        raise SpecbenchError(
+            "--prompt-set", f"unknown prompt set {prompt_set!r}", "use " + " or ".join(training.PROMPT_SETS)
+        )
     config = training.TrainConfig(
         target=target,
         drafter=drafter,
@@ -982,6 +1004,10 @@ def specdecpp_train(
         teacher_batch=teacher_batch,
         dtype=dtype,
         device=device,
+        prompt_set=prompt_set,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
     )
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn())
     columns += (TextColumn("{task.fields[stats]}"), TimeElapsedColumn())

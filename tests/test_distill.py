@@ -329,3 +329,20 @@ def test_exit_heads_keep_the_full_vocabulary():
     assert distill.student_config("exit4", draft_vocab=4096).draft_vocab == 0
     assert distill.student_config("small", draft_vocab=4096).draft_vocab == 4096
     assert distill.student_config("base").draft_vocab == 8192
+
+
+def test_micro_and_mini_sit_at_cs_draftings_parameter_ratios():
+    """Chen et al., NeurIPS 2024, Table 2's MS costs: FLAN-T5-small and -base over XXL."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specbench.models import facts
+    from specbench.papers.cs_drafting.theory import PARAM_COSTS
+
+    smollm2 = facts.shipped_facts()["HuggingFaceTB/SmolLM2-135M-Instruct"]
+    config = {k: v for k, v in smollm2["config"].items() if k != "model_type"} | {"num_hidden_layers": 2}
+    target = LlamaForCausalLM(LlamaConfig(**config))  # SmolLM2's embedding, two layers are enough
+    for size, paper in (("micro", PARAM_COSTS["small"]), ("mini", PARAM_COSTS["base"])):
+        student = distill.build_student(target, size, seed=0)
+        assert student.config.num_hidden_layers == 2 and student.config.tie_word_embeddings
+        ratio = sum(p.numel() for p in student.parameters()) / smollm2["params"]
+        assert ratio == pytest.approx(paper, rel=0.08), size

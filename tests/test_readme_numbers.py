@@ -52,7 +52,8 @@ def _written(path: Path) -> set[str]:
     """Every decimal number in the files, as written and rounded to fewer decimals, and as a percentage."""
     out = set()
     for file in _files(path):
-        for token in re.findall(r"-?\d+\.\d+(?:e-?\d+)?", file.read_text(errors="replace")):
+        # a minus sign after a digit joins a range ("0.92-1.06"), it does not negate the number
+        for token in re.findall(r"(?<![\d.])-?\d+\.\d+(?:e-?\d+)?", file.read_text(errors="replace")):
             value = float(token)
             out.add(token)
             for digits in range(4):

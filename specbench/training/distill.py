@@ -9,9 +9,11 @@
    re-training never re-runs the teacher.
 2. **Students.** ``base`` is the target cut to its first two layers (embedding, layers 0-1, final
    norm, tied head copied; all of it trains) and ``small`` a 2-layer, 160-wide model whose tied
-   embedding starts as the target's embedding projected on its top principal directions. An
+   embedding starts as the target's embedding projected on its top principal directions; ``mini``
+   (60 wide) and ``micro`` (20 wide) are the same at CS Drafting's cost ratios (~0.022 and ~0.007 of
+   the target's parameters). An
    ``exit<N>`` student trains only an exit head on the target's first N layers (an early-exit
-   self-draft that shares the target's weights). ``small`` and ``base`` score only a draft vocabulary
+   self-draft that shares the target's weights). The model students score only a draft vocabulary
    (FR-Spec, see :mod:`specbench.drafters.draft_vocab`): the N tokens most frequent in the training data.
 3. **Loss.** Forward KL from the teacher, exact on the teacher's top-k tokens plus the lumped tail:
    ``-sum_i p_i log q_i - (1 - sum_i p_i) log(1 - sum_i q_i)`` (up to the teacher's entropy).
@@ -49,7 +51,7 @@ from specbench.training.teacher import (
 
 @dataclass(frozen=True)
 class StudentConfig:
-    size: str  # "small", "base" or "exit<N>"
+    size: str  # a key of STUDENTS or "exit<N>"
     epochs: float
     lr: float
     batch_tokens: int = 2048
@@ -60,6 +62,12 @@ class StudentConfig:
 STUDENTS = {
     "small": StudentConfig("small", epochs=3.0, lr=2e-3, draft_vocab=8192),
     "base": StudentConfig("base", epochs=2.0, lr=1e-3, draft_vocab=8192),
+    # CS Drafting's cost ratios (Chen et al., NeurIPS 2024, Table 2: FLAN-T5-small and -base are 0.0069
+    # and 0.022 of FLAN-T5-XXL's parameters) for a SmolLM2-135M target: ~1.0M and ~3.0M parameters,
+    # nearly all of it the tied embedding, so they learn faster with a higher rate and more epochs
+    # (the same for both: only their width differs)
+    "micro": StudentConfig("micro", epochs=6.0, lr=5e-3, draft_vocab=8192),
+    "mini": StudentConfig("mini", epochs=6.0, lr=5e-3, draft_vocab=8192),
     # Medusa-1 heads on the frozen target (specbench.training.medusa); batch_tokens: positions a step
     "medusa": StudentConfig("medusa", epochs=2.0, lr=1e-3, batch_tokens=1024, draft_vocab=8192),
     # an EAGLE head on the frozen target's features (specbench.training.eagle); batch_tokens: padded
@@ -79,9 +87,13 @@ def student_config(size: str, **overrides) -> StudentConfig:
         raise SpecbenchError(
             "--size",
             f"unknown drafter size {size!r}",
-            "use small, base, medusa, eagle or exit<N> (e.g. exit4)",
+            "use small, base, micro, mini, medusa, eagle or exit<N> (e.g. exit4)",
         )
     return StudentConfig(**(asdict(base) | {k: v for k, v in overrides.items() if v is not None}))
+
+
+# width and attention heads of the students that are not the target cut short (2 layers each)
+NARROW = {"small": (160, 5), "mini": (60, 2), "micro": (20, 2)}
 
 
 def build_student(target: nn.Module, size: str, seed: int) -> nn.Module:
@@ -97,10 +109,11 @@ def build_student(target: nn.Module, size: str, seed: int) -> nn.Module:
     if getattr(config, "layer_types", None):
         config.layer_types = config.layer_types[: config.num_hidden_layers]
     config.tie_word_embeddings = True
-    if size == "small":
-        config.hidden_size, config.intermediate_size = 160, 480
-        config.num_attention_heads = config.num_key_value_heads = 5
-        config.head_dim = 32
+    if size in NARROW:
+        width, heads = NARROW[size]
+        config.hidden_size, config.intermediate_size = width, 3 * width
+        config.num_attention_heads = config.num_key_value_heads = heads
+        config.head_dim = width // heads
     student = type(target)(config).to(target.dtype)
     source = target.get_input_embeddings().weight.detach()
     with torch.no_grad():
