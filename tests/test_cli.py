@@ -164,6 +164,35 @@ def test_dataset_max_new_tokens_overrides_the_recipe_length(tiny_run: Path, tmp_
         assert row["key"] != base[key]["key"]
 
 
+def test_generation_max_length_caps_prompt_plus_output(tiny_run: Path, tmp_path: Path):
+    """generation.max_length (transformers' max_length; SpecDec++'s release generates to 512 in
+    total) leaves an example max_length - prompt new tokens, and enters the rows' keys; a prompt
+    that leaves no room is a one-line error before the first row."""
+    import yaml
+
+    base = {(r["cell"], r["example_id"]): r for r in map(json.loads, (tiny_run / "examples.jsonl").open())}
+    first = min(base.values(), key=lambda r: r["example_id"])
+    data = yaml.safe_load(TINY.read_text())
+    data["methods"] = [m for m in data["methods"] if m["method"] in ("autoregressive", "speculative")]
+    data["generation"]["max_length"] = first["prompt_tokens"] + 4
+    recipe = tmp_path / "total.yaml"
+    recipe.write_text(yaml.safe_dump(data))
+    out = tmp_path / "total"
+    result = runner.invoke(app, ["run", str(recipe), "--output-dir", str(out), "--limit", "1"])
+    assert result.exit_code == 0, result.output
+    rows = list(map(json.loads, (out / "examples.jsonl").open()))
+    assert len(rows) == 5 and {r["example_id"] for r in rows} == {first["example_id"]}
+    for row in rows:
+        before = base[(row["cell"], row["example_id"])]
+        assert row["n_tokens"] == 4 < before["n_tokens"]
+        assert row["output_ids"] == before["output_ids"][:4] and row["key"] != before["key"]
+    data["generation"]["max_length"] = first["prompt_tokens"]
+    recipe.write_text(yaml.safe_dump(data))
+    result = runner.invoke(app, ["run", str(recipe), "--output-dir", str(tmp_path / "none"), "--limit", "1"])
+    assert result.exit_code != 0 and "generation.max_length" in result.output
+    assert "leaves no new token" in result.output and "Traceback" not in result.output
+
+
 def test_unreachable_hub_model_names_recipe_and_field(tmp_path: Path, monkeypatch):
     from specbench.models import cache
 

@@ -432,7 +432,8 @@ def test_specdecpp_recipes_parse():
     for path in paths:
         recipe = load_recipe(path)
         methods = {spec.method for spec in recipe.methods}
-        assert {"specdecpp", "oracle_sd", "speculative", "autoregressive"} <= methods
+        assert {"specdecpp", "speculative", "autoregressive"} <= methods
+        assert "oracle_sd" in methods or recipe.generation.temperature > 0  # the oracle is greedy
         drafted = [c for c in recipe.cells() if c.method != "autoregressive"]
         assert all(METHODS[c.method].lossless(c.params) for c in drafted)
         missing = {d.task for d in recipe.datasets} - set(TASKS)
@@ -562,3 +563,37 @@ def test_train_a_tiny_head_and_run_the_tiny_recipe(tmp_path, monkeypatch):
     Runner(recipe, tmp_path / "out", limit=2).run()
     rows = [json.loads(line) for line in (tmp_path / "out" / "examples.jsonl").read_text().splitlines()]
     assert {"specdecpp", "oracle_sd"} <= {row["method"] for row in rows}
+
+
+def test_the_papers_head_data_trains_on_alpaca_train_and_evaluates_on_dev(tmp_path, monkeypatch):
+    """--prompt-set alpaca (Huang et al., Sec. 4 / App. C): heads see Alpaca's train partition with
+    the target's sampled responses, are scored on dev, and never see the test partition."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    data = _data_dir(tmp_path / "data")
+    seeds = [
+        {"instruction": f"Write {i} words about the sea.", "input": "", "output": "ok"} for i in range(20)
+    ]
+    (data / "alpaca_seed" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in seeds))
+    monkeypatch.setenv("SPECBENCH_DATA_DIR", str(data))
+    parts = {s: TASKS["alpaca"].load(split=f"specdecpp-{s}") for s in ("train", "dev", "test")}
+    assert [len(parts[s]) for s in ("train", "dev", "test")] == [12, 4, 4]
+    prompts = {s: {e.prompt for e in examples} for s, examples in parts.items()}
+    assert not (prompts["train"] & prompts["test"]) and not (prompts["dev"] & prompts["test"])
+    recipe = load_recipe(RECIPES / "llama2_chat_7b_70b-tiny.yaml")
+    target, drafter = recipe.models["target"], recipe.models["draft"]
+    common = dict(
+        target=target.source, drafter=drafter.source, target_options=target.options,
+        drafter_options=drafter.options, data_dir=str(data), max_new_tokens=6, epochs=1,
+        batch_size=4, dtype="float64", prompt_set="alpaca",
+    )  # fmt: skip
+    sampled = specdecpp.TrainConfig(name="sampled", temperature=0.8, top_p=0.9, top_k=20, **common)
+    greedy = specdecpp.TrainConfig(name="greedy", **common)
+    assert sampled.data_key("f") != greedy.data_key("f") != specdecpp.TrainConfig().data_key("f")
+    with Progress(disable=True) as progress:
+        manifest = json.loads((specdecpp.train(sampled, progress) / acceptance_head.MANIFEST).read_text())
+    assert (manifest["data"]["train_sequences"], manifest["data"]["eval_sequences"]) == (12, 4)
+    assert (
+        "Alpaca specdecpp-train" in manifest["data"]["sources"] and "sampled" in manifest["data"]["sources"]
+    )
+    rendered = [specdecpp._prompt_examples(None, sampled)[i].prompt for i in range(16)]
+    assert set(rendered) == prompts["train"] | prompts["dev"]

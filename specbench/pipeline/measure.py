@@ -180,9 +180,9 @@ class Measurer:
         limit = getattr(config, "max_position_embeddings", None) if config is not None else None
         if not isinstance(limit, int) or getattr(target, "is_encoder_decoder", False):
             return
-        budget = dataset.max_new_tokens or self.recipe.generation.max_new_tokens
         for example in dataset.examples:
-            prompt = self._request(target, dataset, example).prompt_ids.shape[0]
+            request = self._request(target, dataset, example)
+            prompt, budget = request.prompt_ids.shape[0], request.max_new_tokens
             if prompt + budget > limit:
                 raise SpecbenchError(
                     f"{self.recipe.path}: datasets ({dataset.label}), example {example.id}",
@@ -270,8 +270,8 @@ class Measurer:
         compiled = models.compiled()
         if not compiled or not METHODS[cell.method].runs_engine:
             return
-        prompts = max(self._request(models.target, dataset, e).prompt_ids.shape[0] for e in dataset.examples)
-        longest = prompts + (dataset.max_new_tokens or self.recipe.generation.max_new_tokens)
+        requests = [self._request(models.target, dataset, e) for e in dataset.examples]
+        longest = max(r.prompt_ids.shape[0] + r.max_new_tokens for r in requests)
         lengths = METHODS[cell.method].draft_lengths(cell.params)
         trees = METHODS[cell.method].tree_sizes(cell.params)
         # heads read the target's states: its graphs return them
@@ -449,7 +449,14 @@ class Measurer:
         generator.manual_seed(
             int(_hash(str(self.recipe.seed), dataset.label, example.id, *turn), 16) % (2**63)
         )
-        max_new_tokens = dataset.max_new_tokens or gen.max_new_tokens
+        max_new_tokens = gen.budget(ids.shape[0], dataset.max_new_tokens)
+        if max_new_tokens < 1:
+            raise SpecbenchError(
+                f"{self.recipe.path}: generation.max_length",
+                f"{gen.max_length} leaves no new token after the {ids.shape[0]}-token prompt of {example.id} "
+                f"({dataset.label})",
+                "raise max_length, or leave such prompts out of the data file",
+            )
         return Request(ids.to(target.device), max_new_tokens, sampling, target.eos_token_ids(), generator)
 
     def _row(self, dataset, cell, example, target, request: Request, generation, replay=None) -> dict:

@@ -7,9 +7,11 @@ embedded file (tasks that ship one), then the Hub.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -48,6 +50,9 @@ class Task:
     # over a cell's rows by specbench.pipeline.summary, e.g. {"bleu": [lengths, n-gram counts]}
     statistics: Callable[[Example, str], dict[str, list[float]]] | None = None
     executes_code: bool = False  # grade runs generated code: only when the dataset sets execute_code
+    # splits carved out of another: name -> (source split, first, last) fractions of the source's
+    # rows in a fixed shuffled order, for a dataset published as one split that a paper divides
+    partitions: dict[str, tuple[str, float, float]] = field(default_factory=dict)
 
     def load(
         self, split: str | None = None, data_files: str | None = None, limit: int | None = None
@@ -105,6 +110,12 @@ class Task:
         return f"task {self.name} (one JSON object a line)"
 
     def _rows(self, split: str, data_files: str | None):
+        if split in self.partitions:
+            source, first, last = self.partitions[split]
+            rows, origin = self._rows(source, data_files)
+            chosen = partition(len(rows), first, last, seed=f"{self.name}/{source}")
+            rows = rows.select(chosen) if hasattr(rows, "select") else [rows[i] for i in chosen]
+            return rows, f"{origin}, partition {split} ({first:.0%}-{last:.0%} of it, shuffled)"
         if data_files:
             return _read_jsonl(Path(data_files)), str(data_files)
         data_dir = os.environ.get("SPECBENCH_DATA_DIR")
@@ -116,6 +127,15 @@ class Task:
             with resources.as_file(resources.files("specbench") / "data" / self.embedded) as path:
                 return _read_jsonl(path), f"specbench/data/{self.embedded}"
         return _from_hub(self, split), f"{self.hub_id} ({split})"
+
+
+def partition(n: int, first: float, last: float, seed: str) -> list[int]:
+    """Row indices ``[first, last)`` (fractions) of a permutation of ``range(n)`` fixed by ``seed``
+    (a string, hashed stably, so every machine and Python process draws the same permutation)."""
+    generator = random.Random(int(hashlib.sha256(seed.encode()).hexdigest()[:16], 16))
+    order = list(range(n))
+    generator.shuffle(order)
+    return sorted(order[round(first * n) : round(last * n)])
 
 
 def _shape_problem(error: Exception) -> str:

@@ -76,6 +76,15 @@ class TrainConfig:
     teacher_batch: int = 8  # sequences per teacher / draft forward pass
     dtype: str = "float32"
     device: str = "cpu"
+    # "distill": distill's prompts, eval_fraction of them held out at random; "alpaca": the paper's
+    # setup, Alpaca's specdecpp-train prompts to train and its specdecpp-dev prompts to evaluate
+    # (specdecpp-test stays for the benchmark)
+    prompt_set: str = "distill"
+    # the target's responses: greedy at temperature 0, else sampled (the release samples them with the
+    # checkpoint's generation config)
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
 
     def data_key(self, fingerprint: str) -> str:
         """Hash of everything the features and labels depend on (not the head's hyperparameters)."""
@@ -94,6 +103,10 @@ class TrainConfig:
                 "dtype",
             )
         }
+        defaults = TrainConfig()
+        for name in ("prompt_set", "temperature", "top_p", "top_k"):  # at their defaults keys stay as before
+            if getattr(self, name) != getattr(defaults, name):
+                fields[name] = getattr(self, name)
         payload = json.dumps(fields | {"data": fingerprint, "version": 1}, sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
@@ -275,18 +288,32 @@ def _load(role: str, source: str, options: dict, config: TrainConfig):
     return model
 
 
+PROMPT_SETS = ("distill", "alpaca")
+ALPACA_SPLITS = ("specdecpp-train", "specdecpp-dev")  # specbench.tasks.alpaca's partitions
+
+
 def _prompt_examples(target, config: TrainConfig) -> list:
-    """The distill prompts (its GENERATE_FROM sources in order), as rendered for the benchmark."""
+    """The distill prompts (its GENERATE_FROM sources in order), or Alpaca's head-training and
+    evaluation partitions (train first), as rendered for the benchmark."""
+    if config.prompt_set == "alpaca":
+        source = str(teaching._training_file_or_fail("alpaca", "train", config.data_dir))
+        train, dev = (teaching.get_task("alpaca").load(split=s, data_files=source) for s in ALPACA_SPLITS)
+        return train[: config.prompts] + dev
     chosen = []
     for task, split in teaching.GENERATE_FROM:
         chosen += teaching._examples(task, split, config.data_dir)[: config.prompts - len(chosen)]
     return chosen
 
 
+def _alpaca_train_count(config: TrainConfig) -> int:
+    source = str(teaching._training_file_or_fail("alpaca", "train", config.data_dir))
+    return len(teaching.get_task("alpaca").load(split=ALPACA_SPLITS[0], data_files=source)[: config.prompts])
+
+
 def target_responses(target, config: TrainConfig, progress) -> list[Example]:
     """(x, Y) pairs: distill's cached greedy responses when it cached them for this target and length
     cap, else generated here (batched, greedy) and cached under the specdecpp cache."""
-    if not config.target_options:
+    if not config.target_options and config.prompt_set == "distill" and config.temperature == 0:
         teacher = teaching.TeacherConfig(
             config.target, max_new_tokens=config.max_new_tokens, data_dir=config.data_dir
         )
@@ -315,7 +342,8 @@ def _subset(n: int, k: int, seed: int) -> list[int]:
 
 @torch.inference_mode()
 def generate_responses(target, prompts: list[torch.Tensor], config: TrainConfig, progress) -> list[Example]:
-    """Greedy responses (EOS included, cut at ``max_new_tokens``), batched with left padding."""
+    """Greedy or sampled responses (EOS included, cut at ``max_new_tokens``), batched with left
+    padding; a sampled batch draws from a generator seeded by the config's seed and the batch."""
     eos = set(target.eos_token_ids())
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else min(eos)
     out: list[Example | None] = [None] * len(prompts)
@@ -323,13 +351,22 @@ def generate_responses(target, prompts: list[torch.Tensor], config: TrainConfig,
     for batch in _batches(len(prompts), [p.shape[0] for p in prompts], config.teacher_batch):
         ids, mask = teaching.left_padded([prompts[i] for i in batch], pad)
         width = ids.shape[1]
+        sampling = {"do_sample": False}
+        if config.temperature > 0:
+            torch.manual_seed(config.seed * 1_000_003 + min(batch))  # generate draws from torch's RNG
+            sampling = {
+                "do_sample": True,
+                "temperature": config.temperature,
+                "top_p": config.top_p,
+                "top_k": config.top_k or None,
+            }
         new = target.model.generate(
             input_ids=ids.to(target.device),
             attention_mask=mask.to(target.device),
             max_new_tokens=config.max_new_tokens,
-            do_sample=False,
             pad_token_id=pad,
             eos_token_id=sorted(eos),
+            **sampling,
         )[:, width:].cpu()
         for row, i in enumerate(batch):
             tokens = new[row].tolist()
@@ -377,7 +414,11 @@ def train(config: TrainConfig, progress) -> Path:
         cached.with_suffix(".tmp").rename(cached)
     data_seconds = time.perf_counter() - started
     features, labels = data["features"], data["labels"]
-    train_ids, eval_ids = split(len(features), config.eval_fraction, config.seed)
+    if config.prompt_set == "alpaca":  # the paper's split: train on train, evaluate on dev
+        count = _alpaca_train_count(config)
+        train_ids, eval_ids = list(range(count)), list(range(count, len(features)))
+    else:
+        train_ids, eval_ids = split(len(features), config.eval_fraction, config.seed)
     train_x, train_y = [features[i] for i in train_ids], [labels[i] for i in train_ids]
     eval_x, eval_y = [features[i] for i in eval_ids], [labels[i] for i in eval_ids]
     head, record = train_head(train_x, train_y, config, progress)
@@ -395,7 +436,17 @@ def train(config: TrainConfig, progress) -> Path:
         "parameters": sum(p.numel() for p in head.parameters()),
         "config": asdict(config),
         "data": {
-            "sources": "distill's prompts (MMLU dev, Alpaca seed, GSM8K train), the target's responses",
+            "sources": (
+                "Alpaca specdecpp-train prompts (eval: specdecpp-dev)"
+                if config.prompt_set == "alpaca"
+                else "distill's prompts (MMLU dev, Alpaca seed, GSM8K train)"
+            )
+            + (
+                f", the target's sampled responses (T {config.temperature}, top-p {config.top_p}, "
+                f"top-k {config.top_k})"
+                if config.temperature > 0
+                else ", the target's greedy responses"
+            ),
             "fingerprint": fingerprint,
             "train_sequences": len(train_ids),
             "eval_sequences": len(eval_ids),
