@@ -1,9 +1,11 @@
 """``specbench specdecpp train``: the acceptance prediction head of SpecDec++ (Huang et al. 2024, Sec. 3.3).
 
-1. **Target responses.** For each training prompt x, the target's greedy response Y (128 tokens at
-   most; the release samples Y). The prompts are distill's (GSM8K train, MMLU dev, Alpaca seed
-   tasks, rendered as the benchmark renders them), so the responses ``specbench distill`` cached for
-   the same target are reused; otherwise the target generates them in batches and they are cached here.
+1. **Target responses.** For each training prompt x, the target's response Y (128 tokens at
+   most), greedy or, as the release does, sampled (``temperature``, ``top_p``, ``top_k``). The prompts
+   are distill's (GSM8K train, MMLU dev, Alpaca seed tasks, rendered as the benchmark renders them;
+   the responses ``specbench distill`` cached for the same target are reused when greedy) or, with
+   ``prompt_set="alpaca"``, the paper's: Alpaca's ``specdecpp-train`` partition to train on and its
+   ``specdecpp-dev`` partition to evaluate on (Sec. 4, App. C), leaving ``specdecpp-test`` unseen.
 2. **Mixed sequences and labels.** Teacher-forced on (x, Y), the draft gives q_i and the target p_i
    for every response position i (both batched, one pass each). A draft token Z_i ~ q_i is drawn,
    labelled with its acceptance probability min(1, p_i(Z_i) / q_i(Z_i)) (computed on the target's
@@ -296,23 +298,25 @@ def _prompt_examples(target, config: TrainConfig) -> list:
     """The distill prompts (its GENERATE_FROM sources in order), or Alpaca's head-training and
     evaluation partitions (train first), as rendered for the benchmark."""
     if config.prompt_set == "alpaca":
-        source = str(teaching._training_file_or_fail("alpaca", "train", config.data_dir))
-        train, dev = (teaching.get_task("alpaca").load(split=s, data_files=source) for s in ALPACA_SPLITS)
-        return train[: config.prompts] + dev
+        train, dev = _alpaca_partitions(config)
+        return train + dev
     chosen = []
     for task, split in teaching.GENERATE_FROM:
         chosen += teaching._examples(task, split, config.data_dir)[: config.prompts - len(chosen)]
     return chosen
 
 
-def _alpaca_train_count(config: TrainConfig) -> int:
+def _alpaca_partitions(config: TrainConfig) -> tuple[list, list]:
+    """Alpaca's head-training prompts (at most ``config.prompts``) and its evaluation prompts."""
     source = str(teaching._training_file_or_fail("alpaca", "train", config.data_dir))
-    return len(teaching.get_task("alpaca").load(split=ALPACA_SPLITS[0], data_files=source)[: config.prompts])
+    train, dev = (teaching.get_task("alpaca").load(split=s, data_files=source) for s in ALPACA_SPLITS)
+    return train[: config.prompts], dev
 
 
 def target_responses(target, config: TrainConfig, progress) -> list[Example]:
-    """(x, Y) pairs: distill's cached greedy responses when it cached them for this target and length
-    cap, else generated here (batched, greedy) and cached under the specdecpp cache."""
+    """(x, Y) pairs: distill's cached greedy responses when it cached them for this target, length
+    cap and its prompts, else generated here (batched, greedy or sampled) and cached under the
+    specdecpp cache."""
     if not config.target_options and config.prompt_set == "distill" and config.temperature == 0:
         teacher = teaching.TeacherConfig(
             config.target, max_new_tokens=config.max_new_tokens, data_dir=config.data_dir
@@ -343,7 +347,8 @@ def _subset(n: int, k: int, seed: int) -> list[int]:
 @torch.inference_mode()
 def generate_responses(target, prompts: list[torch.Tensor], config: TrainConfig, progress) -> list[Example]:
     """Greedy or sampled responses (EOS included, cut at ``max_new_tokens``), batched with left
-    padding; a sampled batch draws from a generator seeded by the config's seed and the batch."""
+    padding; before a sampled batch, torch's RNG (which ``generate`` draws from) is seeded from the
+    config's seed and the batch, so the responses do not depend on what ran before."""
     eos = set(target.eos_token_ids())
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else min(eos)
     out: list[Example | None] = [None] * len(prompts)
@@ -415,7 +420,7 @@ def train(config: TrainConfig, progress) -> Path:
     data_seconds = time.perf_counter() - started
     features, labels = data["features"], data["labels"]
     if config.prompt_set == "alpaca":  # the paper's split: train on train, evaluate on dev
-        count = _alpaca_train_count(config)
+        count = len(_alpaca_partitions(config)[0])
         train_ids, eval_ids = list(range(count)), list(range(count, len(features)))
     else:
         train_ids, eval_ids = split(len(features), config.eval_fraction, config.seed)
