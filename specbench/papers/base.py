@@ -228,6 +228,15 @@ def num(value, digits: int = 2, unit: str = "") -> str:
     return MISSING if math.isnan(value) else f"{value:.{digits}f}{unit}"
 
 
+def num_interval(record: dict | None, column: str) -> str:
+    """``0.65 [0.60, 0.70]``: a cell's value and its bootstrap interval (``cells.csv``'s
+    ``<column>_low`` and ``_high``); the value alone where the interval is missing."""
+    if not record:
+        return MISSING
+    value, low, high = (num(record.get(f"{column}{end}")) for end in ("", "_low", "_high"))
+    return f"{value} [{low}, {high}]" if MISSING not in (value, low, high) else value
+
+
 def _size(parameters) -> str:
     if not parameters:
         return "statistical" if parameters == 0 else "? parameters"

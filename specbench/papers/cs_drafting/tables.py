@@ -27,7 +27,7 @@ from importlib import resources
 import pandas as pd
 import yaml
 
-from specbench.papers.base import MISSING, Run, View, best, num, paired_swi_interval
+from specbench.papers.base import MISSING, Run, View, best, num, num_interval, paired_swi_interval
 from specbench.papers.cs_drafting.theory import LEVIATHAN_COSTS, PARAM_COSTS
 from specbench.pipeline.theory import Expectation
 from specbench.sources import source_of
@@ -333,7 +333,7 @@ def table3(runs: list[Run]) -> tuple[list[View], list[dict]]:
                     "Algorithm": paper["algorithm"],
                     "tok/s ours": num(top["tokens_per_s"]) if top else MISSING,
                     "tok/s paper": num(theirs),
-                    "×AR ours": num(top.get("speedup_vs_ar")) if top else MISSING,
+                    "×AR ours": num_interval(top, "speedup_vs_ar"),
                     "×AR paper": num(speedup),
                     "setting ours": ours_setting if top else MISSING,
                     "setting paper": _hyper(hyper, paper) if theirs is not None else MISSING,

@@ -18,7 +18,7 @@ import pandas as pd
 import yaml
 
 from specbench.errors import SpecbenchError
-from specbench.papers.base import MISSING, Run, View, best, num
+from specbench.papers.base import MISSING, Run, View, best, num, num_interval
 from specbench.papers.specdecpp.efficiency import rates_table, regression_table
 from specbench.pipeline.results import read_examples
 
@@ -73,7 +73,7 @@ def table1(runs: list[Run]) -> tuple[list[View], list[dict]]:
                         "Algorithm": algorithm,
                         "tok/s ours": num(top["tokens_per_s"]) if top else MISSING,
                         "tok/s paper": num(theirs),
-                        "×AR ours": num(top.get("speedup_vs_ar")) if top else MISSING,
+                        "×AR ours": num_interval(top, "speedup_vs_ar"),
                         "×AR paper": num(speedup),
                         "tok/s Eq. 2.3 ours": num(top.get("predicted_tokens_per_s")) if top else MISSING,
                         "discard rate": num(top.get("discard_rate"), 3) if top else MISSING,
