@@ -405,3 +405,12 @@ def test_table2_orderings_carry_the_paired_interval_of_our_ratio(tmp_path: Path,
     low, high = (float(x) for x in note.split("1.10 < 1.40 ours (ratio 95% CI ")[1].split(")")[0].split("-"))
     assert 0.7 < low <= 42.3 / 54.0 <= high < 1.0  # SWI(BASE) / SWI(SMALL) = 42.3 / 54 passes
     assert "within noise" not in note
+
+
+def test_speedups_in_paper_views_carry_their_bootstrap_interval():
+    from specbench.papers.base import MISSING, num_interval
+
+    cell = {"speedup_vs_ar": 0.654, "speedup_vs_ar_low": 0.6, "speedup_vs_ar_high": 0.7}
+    assert num_interval(cell, "speedup_vs_ar") == "0.65 [0.60, 0.70]"
+    assert num_interval({"speedup_vs_ar": 1.2}, "speedup_vs_ar") == "1.20"  # a cells.csv from before
+    assert num_interval(None, "speedup_vs_ar") == MISSING
