@@ -166,10 +166,23 @@ def test_runs_of_one_experiment_in_other_dtypes_compare_and_say_so(tmp_path: Pat
     assert "≠" not in result.output and frame.loc["sd", "b acc. len"] == frame.loc["sd", "a acc. len"]
 
 
+def test_a_run_from_before_a_generation_setting_existed_compares_with_one_that_leaves_it_unset(
+    tmp_path: Path,
+):
+    a = _measured(tmp_path, "a")
+    b = _measured(tmp_path, "b")
+    resolved = b / "resolved_recipe.yaml"
+    assert "max_length: null" in resolved.read_text()
+    resolved.write_text(resolved.read_text().replace("  max_length: null\n", ""))  # an older run's file
+    result = runner.invoke(app, ["compare", str(a), str(b)])
+    assert result.exit_code == 0 and "≠" not in result.output, result.output
+
+
 @pytest.mark.parametrize(
     "change, aspect",
     [
         (("max_new_tokens: 8", "max_new_tokens: 6"), "generation settings"),
+        (("max_new_tokens: 8", "max_new_tokens: 8, max_length: 200"), "generation settings"),
         (("limit: 3", "limit: 2"), "examples"),
         (("params: {k: 2}", "params: {k: 2, lenience: 2.0}"), "method and parameters"),
         (("init_std: 0.3", "init_std: 0.2"), "models"),  # the same source, built with other options

@@ -108,7 +108,7 @@ def experiments(path: Path, cells: pd.DataFrame) -> dict[tuple[str, str], dict]:
     parts (a bare cells.csv) are None and agree with anything unrecorded."""
     recipe = _resolved_recipe(path)
     sources = _model_sources(recipe, read_environment(path))
-    generation = recipe.get("generation") if isinstance(recipe.get("generation"), dict) else None
+    generation = _generation(recipe)
     budgets = _dataset_budgets(recipe)
     examples: dict[tuple[str, str], list] = {}
     for row in read_examples(path):
@@ -219,12 +219,21 @@ def _shown(value) -> str:
     return str(value)
 
 
+def _generation(recipe: dict) -> dict | None:
+    """A resolved recipe's generation settings without those left unset (None), so that a run
+    written before a setting existed compares equal to one that leaves it unset."""
+    generation = recipe.get("generation")
+    if not isinstance(generation, dict):
+        return None
+    return {key: value for key, value in generation.items() if value is not None}
+
+
 def _setup(path: Path) -> dict:
     """What a run's numbers depend on besides its cells: the machines that measured it, each model's
     source, dtype and engine, and the generation settings (budget, temperature), where recorded."""
     environment = read_environment(path)
     models = {n: m for n, m in (environment.get("models") or {}).items() if isinstance(m, dict)}
-    generation = _resolved_recipe(path).get("generation")
+    generation = _generation(_resolved_recipe(path))
     return {
         "machine": sorted(machines_of(environment)),
         "models": sorted((n, str(m.get("source"))) for n, m in models.items()),
