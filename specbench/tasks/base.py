@@ -62,7 +62,7 @@ class Task:
         rows, origin = self._rows(split, data_files)
         if limit is not None:
             keep = range(min(max(limit, 0), len(rows)))
-            rows = rows.select(keep) if hasattr(rows, "select") else [rows[i] for i in keep]
+            rows = _take(rows, keep)
         examples = []
         for index, row in enumerate(rows):
             missing = [field for field in self.fields if row.get(field) is None]
@@ -114,7 +114,7 @@ class Task:
             source, first, last = self.partitions[split]
             rows, origin = self._rows(source, data_files)
             chosen = partition(len(rows), first, last, seed=f"{self.name}/{source}")
-            rows = rows.select(chosen) if hasattr(rows, "select") else [rows[i] for i in chosen]
+            rows = _take(rows, chosen)
             return rows, f"{origin}, partition {split} ({first:.0%}-{last:.0%} of it, shuffled)"
         if data_files:
             return _read_jsonl(Path(data_files)), str(data_files)
@@ -127,6 +127,11 @@ class Task:
             with resources.as_file(resources.files("specbench") / "data" / self.embedded) as path:
                 return _read_jsonl(path), f"specbench/data/{self.embedded}"
         return _from_hub(self, split), f"{self.hub_id} ({split})"
+
+
+def _take(rows, indices):
+    """The rows at ``indices`` of a ``datasets.Dataset`` (kept one) or a list."""
+    return rows.select(indices) if hasattr(rows, "select") else [rows[i] for i in indices]
 
 
 def partition(n: int, first: float, last: float, seed: str) -> list[int]:
