@@ -763,6 +763,12 @@ def replay_problem(recipe: Recipe, spec: MethodSpec, params: dict | None = None)
         ]
     )
     for point in points:
+        if info.tree_sizes(point):
+            return (
+                f"{spec.method} cells that verify token trees cannot replay the target: a replay of "
+                "its output scores chains only",
+                "remove replay:, or verify chains (tree_children: 1)",
+            )
         if not info.lossless(point):
             given = ", ".join(
                 f"{name}={point[name]}" for name in sorted(spec.params.keys() | spec.grid.keys())

@@ -89,6 +89,8 @@ def run_cascade(weights, kind, seed, roles, K, *, max_new_tokens, convention="cu
         "mag_tail": 10,
         "mag_lenience": True,
         "reference_compat": False,
+        "tree_children": 1,
+        "tree_nodes": 32,
     } | options
     request = Request(prompt_for(seed), max_new_tokens, SamplingParams(), eos, torch.Generator())
     return METHODS["cs_drafting"].run(params, target, [*drafters, MaxGramDrafter("mag")], request)
@@ -319,6 +321,127 @@ def outcome(drafted: int, accepted: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# tree attention (Appendix B: the chain's tokens get siblings from their reviewer's law)
+
+
+def test_sibling_tree_gives_each_chain_token_its_laws_next_candidates():
+    drafts = torch.tensor([3, 1, 4])
+    q = torch.tensor(
+        [
+            [0.0, 0.1, 0.2, 0.5, 0.15, 0.05],  # chain token 3 is the mode: siblings 2, 4, 1
+            [0.0, 0.4, 0.0, 0.0, 0.6, 0.0],  # chain token 1 is not the mode (a lenient review)
+            [0.0, 0.0, 0.0, 0.0, 1.0, 0.0],  # one-hot (Max-Gram): no sibling
+        ]
+    )
+    tree = cascade_drafting.sibling_tree(drafts, q, 4, 32, SamplingParams(), None)
+    assert tree.tokens.tolist() == [3, 2, 4, 1, 1, 4, 4]
+    assert tree.parents == (-1, -1, -1, -1, 0, 0, 4)
+    assert tree.depth == 3 and tree.q is None
+    assert cascade_drafting.chain_prefix(tree, [0, 4, 6]) == 3
+    assert cascade_drafting.chain_prefix(tree, [0, 5]) == 1
+    assert cascade_drafting.chain_prefix(tree, [2]) == 0
+    # nodes caps the chain first, then the siblings from the first position on
+    cut = cascade_drafting.sibling_tree(drafts, q, 4, 5, SamplingParams(), None)
+    assert cut.tokens.tolist() == [3, 2, 4, 1, 4] and cut.parents == (-1, -1, -1, 0, 3)
+    short = cascade_drafting.sibling_tree(drafts, q, 4, 2, SamplingParams(), None)
+    assert short.tokens.tolist() == [3, 1] and short.parents == (-1, 0)
+    # sampled: siblings are drawn from the law without the chain token, and carry the law
+    sampled = cascade_drafting.sibling_tree(
+        drafts, q, 8, 32, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0)
+    )
+    assert sorted(sampled.tokens[1:5].tolist()) == [1, 2, 4, 5] and sampled.tokens[5] == 1
+    assert sampled.tokens[6:].tolist() == [4, 4] and torch.equal(sampled.q[6], q[1])
+    assert torch.equal(sampled.q[:5], q[[0] * 5])
+
+
+@pytest.mark.parametrize("kind", ["tiny-llama", "tiny-llama/compiled"])
+def test_greedy_tree_cascade_matches_target_greedy(kind, weights, sibling_paths):
+    """Chain and siblings verified in one pass keep the target's greedy output; siblings are
+    accepted where a chain token was not (more tokens per target pass than the chain)."""
+    max_new, gained = 16, 0
+    for seed in range(6):
+        prompt = prompt_for(seed)
+        expected = autoregressive.generate(
+            HFModel(weights("tiny-llama", seed), "target"), prompt, max_new_tokens=max_new
+        )
+        for roles, K, lenience in ((("noisy",), [[1]], 1.0), (("noisy", "other"), [[1, 3], [0, 1]], 2.0)):
+            options = dict(max_new_tokens=max_new, lenience=lenience, mag_tokens=1, mag_tail=2)
+            chain = run_cascade(weights, kind, seed, roles, K, **options)
+            tree = run_cascade(weights, kind, seed, roles, K, tree_children=8, tree_nodes=12, **options)
+            assert tree.tokens == chain.tokens == expected.tokens, f"seed={seed} {roles}"
+            target = tree.forwards["target"]
+            assert target["forward_passes"] == len(tree.steps)
+            generated = 0
+            for depth, accepted in tree.steps:
+                assert 0 <= accepted <= depth <= max_new - generated - 1
+                generated += accepted + 1
+            gained += len(chain.steps) - len(tree.steps)
+    assert gained > 0 and sibling_paths["sibling"] > 0, sibling_paths
+
+
+@pytest.fixture
+def sibling_paths(monkeypatch):
+    """Counts the target's accepted paths that end on a sibling (they leave the chain)."""
+    seen = Counter()
+    own = cascade_drafting.chain_prefix
+
+    def counted(tree, path):
+        trunk = own(tree, path)
+        seen["sibling" if trunk < len(path) else "chain"] += 1
+        return trunk
+
+    monkeypatch.setattr(cascade_drafting, "chain_prefix", counted)
+    return seen
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_sampled_tree_cascade_reproduces_the_target_joint(engine, tiny_model, sibling_paths):
+    """Siblings drawn without replacement after each chain token, verified by recursive rejection
+    sampling, keep the target's law, with lenient inner reviews too."""
+    target = engine_model(tiny_model("tiny-llama", 1, **TINY_OPTIONS), "target", engine)
+    drafter = engine_model(tiny_model("tiny-llama", 2, **TINY_OPTIONS), "d1", engine)
+    prompt = torch.tensor([2, 4, 2, 4, 5, 2])
+    reference = exact_joint(target.model, prompt, 3, softmax_at(1.0))
+    gen = torch.Generator().manual_seed(7)
+    counts = np.zeros_like(reference)
+    for trial in range(1500):
+        out = cascade_drafting.generate(
+            target,
+            [drafter],
+            MaxGramDrafter("mag"),
+            prompt,
+            K=[[2]],
+            max_new_tokens=4,
+            sampling=SamplingParams(temperature=1.0),
+            generator=gen,
+            lenience=(1.0, 2.0)[trial % 2],
+            mag_tokens=1,
+            mag_tail=1,
+            tree_children=3,
+            tree_nodes=16,
+        )
+        assert len(out.tokens) == 4
+        counts[tuple(out.tokens[:3])] += 1
+    assert_matches(counts, reference, "tree")
+    assert sibling_paths["sibling"] > 100 and sibling_paths["chain"] > 100, sibling_paths
+
+
+def test_tree_cascades_are_checked():
+    data = recipe(params={"K": [[2, 4], [0, 3]], "tree_children": 8, "reference_compat": True})
+    with pytest.raises(SpecbenchError, match=r"^bad.yaml: methods\[1\].params.tree_children: .*fix: "):
+        parse_recipe(data, "bad.yaml")
+    data = recipe(params={"K": [[2, 4], [0, 3]], "tree_children": 8}, replay=True)
+    data["methods"].insert(0, {"name": "ar", "method": "autoregressive", "target": "target"})
+    with pytest.raises(SpecbenchError, match=r"^bad.yaml: methods\[2\].replay: .*token trees"):
+        parse_recipe(data, "bad.yaml")
+    cell = parse_recipe(recipe(params={"K": [[2, 4], [0, 3]], "tree_children": 8}), "ok.yaml").cells()[1]
+    assert METHODS["cs_drafting"].tree_sizes(cell.params) == (32,)
+    chain = parse_recipe(recipe(params={"K": [[2, 4], [0, 3]]}), "ok.yaml").cells()[1]
+    assert METHODS["cs_drafting"].tree_sizes(chain.params) == ()
+    assert "tree_children" not in chain.id  # a chain cell keeps its id and fingerprint
+
+
+# ---------------------------------------------------------------------------------------------
 # K conventions
 
 
@@ -424,6 +547,8 @@ def test_cascade_cells_ids_and_fingerprints():
         "mag_tail": 10,
         "mag_lenience": True,
         "reference_compat": False,
+        "tree_children": 1,
+        "tree_nodes": 32,
     }
     again = parse_recipe(parsed.resolved(), "resolved.yaml")
     assert [c.fingerprint(again) for c in again.cells()] == [c.fingerprint(parsed) for c in cells]

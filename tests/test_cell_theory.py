@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from specbench.papers.cs_drafting import theory as paper
@@ -134,12 +135,32 @@ def test_a_cascade_cells_summary_carries_the_theory_from_its_reviews():
     assert math.isnan(cell["swi_pw_theory"])  # the drafter has no PW cost
 
 
+def test_a_cascade_that_verifies_trees_gets_no_chain_theory():
+    steps, inner = [[3, 3], [1, 0]] * 5, {"d": [[2, 2], [2, 0]] * 5}
+    row = cs_row(steps, inner, {"t": 10, "d": 10, "mag": 10})
+    assert theory.of_cell([row], iid=False) is not None
+    row["params"] |= {"tree_children": 8}
+    assert theory.of_cell([row], iid=False) is None
+
+
 # every committed run directory with speculative, speculative-cascade or CS Drafting cells
 COMMITTED_RUNS = sorted(
     str(p.parent.relative_to(RESULTS))
     for p in RESULTS.rglob("examples.jsonl")
     if re.search(r'"method": ?"(speculative|cs_drafting|spec_cascade)"', p.read_text())
 )
+
+
+# cells where the theory's independence of draft length and acceptance breaks past 5%, with the bound
+# they keep: without its horizontal cascade (mag_tail 0) a K = [[1]] draft is one small-drafter block,
+# long exactly when the drafter accepted a long Max-Gram copy, which the target then accepts more often
+KNOWN_OFF = {
+    (
+        "cs_drafting/table3_smollm2_offline/amd-epyc-family26-avx512-bf16",
+        "gsm8k/test",
+        "cs-small-mag-no-horizontal",
+    ): 0.07,
+}
 
 
 @pytest.mark.parametrize("run", COMMITTED_RUNS)
@@ -151,7 +172,11 @@ def test_the_theory_is_within_5_percent_of_every_committed_cell(run):
         measured, predicted = cells[f"swi_{table}"], cells[f"swi_{table}_theory"]
         both = measured.notna() & predicted.notna()
         error = (predicted[both] / measured[both] - 1).abs()
-        assert (error < 0.05).all(), cells.loc[both & (error >= 0.05), ["dataset", "cell"]]
+        bound = pd.Series(
+            [KNOWN_OFF.get((run, d, c), 0.05) for d, c in zip(cells["dataset"], cells["cell"], strict=True)],
+            index=cells.index,
+        )[both]
+        assert (error < bound).all(), cells.loc[both & (error >= bound), ["dataset", "cell"]]
 
 
 def test_a_report_gives_a_run_committed_before_the_cascades_theory_its_theory():

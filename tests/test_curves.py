@@ -548,7 +548,7 @@ def test_report_paper_specdecpp_needs_speculative_cells(cascade_run: Path):
     assert "no speculative or specdecpp cells" in result.output
 
 
-def test_specdecpp_view_has_the_oracle_and_table_3_by_head_name():
+def test_specdecpp_view_has_the_oracle_and_table_3_by_head_name(tmp_path):
     from specbench.papers.base import Run
     from specbench.papers.specdecpp.tables import table1
 
@@ -570,7 +570,10 @@ def test_specdecpp_view_has_the_oracle_and_table_3_by_head_name():
              "speedup_vs_ar": 1.5},
         ]
     )  # fmt: skip
-    views, _ = table1([Run("r", None, cells)])
+    (tmp_path / "heads").mkdir()
+    manifest = {"train": {"binary_kl": 0.4567}, "eval": {"binary_kl": 0.4321}}  # specdecpp train's keys
+    (tmp_path / "heads" / "wrej6-d3.json").write_text(json.dumps(manifest))
+    views, _ = table1([Run("r", tmp_path, cells)])
     rows = {(r["Dataset"], r["Algorithm"]): r for r in views[0].rows}
     assert rows[("Alpaca", "Oracle")]["tok/s ours"] == "30.00"
     assert rows[("Alpaca", "Oracle")]["×AR paper"] == "2.92"  # Sec. 2.1, Alpaca only
@@ -580,3 +583,31 @@ def test_specdecpp_view_has_the_oracle_and_table_3_by_head_name():
     assert ablation[("6", "3")]["Alpaca ours"] == "20.70"  # the best threshold of that head
     assert ablation[("1", "0")]["GSM8K ours"] == "15.00" and ablation[("1", "0")]["Alpaca ours"] == "—"
     assert ablation[("12", "4")]["Alpaca ours"] == "—"  # wrej1-d0 is not wrej12-d4 or wrej1-d00
+    # each head's KLs come from the manifest a run directory keeps of it
+    assert (ablation[("6", "3")]["train KL ours"], ablation[("6", "3")]["eval KL ours"]) == ("0.457", "0.432")
+    assert ablation[("6", "3")]["eval KL paper"] == "0.582" and ablation[("1", "0")]["eval KL ours"] == "—"
+
+
+def test_specdecpp_table_3_caption_compares_the_kl_trends_and_says_why_ours_differs():
+    from specbench.papers.specdecpp.tables import kl_orderings, specdecpp_reference
+
+    rows = specdecpp_reference()["table3"]["rows"]
+
+    def head(w, d):  # KL rises with w_rej; falls with depth, except at w_rej 12 (the linear head)
+        kl = 0.3 + 0.01 * w - (0.01 * d if w != 12 else -0.01 * d)
+        return {"eval": {"binary_kl": kl, "mean_label": 0.125, "mean_prediction": 0.1 if d == 0 else 0.02}}
+
+    manifests = {(r["w_rej"], r["depth"]): head(r["w_rej"], r["depth"]) for r in rows}
+    (caption,) = kl_orderings(rows, manifests)
+    assert (
+        "eval KL paper: rises with w_rej at 5 of 5 depths; lower at D = 4 than at D = 0 for 4 of 4" in caption
+    )
+    assert (
+        "eval KL ours: rises with w_rej at 5 of 5 depths; lower at D = 4 than at D = 0 for 3 of 4" in caption
+    )
+    assert (
+        "Ours is lower at D = 0 for w_rej 12: mean predicted acceptance against a mean label of 0.125"
+        in caption
+    )
+    assert "w_rej 12: D = 0 0.100, D = 4 0.020" in caption
+    assert kl_orderings(rows, {key: None for key in manifests}) == []  # no heads kept: no caption

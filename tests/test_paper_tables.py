@@ -222,7 +222,18 @@ def test_table3_and_the_k00_ablation_take_the_fastest_cell(tmp_path: Path):
         _cell(
             g, "cs_drafting", "d+mag", {"K": [[2]], "lenience": 1.0}, 3, 3, tokens_per_s=52.0, speedup=1.73
         ),
-        _cell(g, "medusa", "heads", {"depth": 3}, 1, 1, tokens_per_s=61.0, speedup=2.03),
+        _cell(g, "medusa", "heads", {"depth": 3}, 1, 1, tokens_per_s=64.0, speedup=2.13),
+        _cell(g, "cs_drafting", "d+mag", {"K": [[1]], "mag_tail": 0}, 3, 3, tokens_per_s=51.0, speedup=1.7),
+        _cell(
+            g,
+            "cs_drafting",
+            "d+mag",
+            {"K": [[1]], "lenience": 1.0, "tree_children": 8},
+            3,
+            3,
+            tokens_per_s=63.0,
+            speedup=2.1,
+        ),
     ]
     views, _ = table3(load_runs(_write_run(tmp_path / "vicuna", cells, models)))
     rows = {(r["Dataset"], r["Algorithm"]): r for r in views[0].rows}
@@ -231,11 +242,21 @@ def test_table3_and_the_k00_ablation_take_the_fastest_cell(tmp_path: Path):
     assert rows[("GSM8K", "CS Drafting")]["tok/s ours"] == "52.00"
     assert rows[("GSM8K", "CS Drafting")]["tok/s paper"] == "56.72"
     assert rows[("GSM8K", "CS Drafting")]["×AR paper"] == f"{56.72 / 33.34:.2f}"
-    assert rows[("GSM8K", "Medusa")]["tok/s ours"] == "61.00"  # Medusa-1 heads (issue 26)
-    assert rows[("GSM8K", "CS Drafting + Tree Attention")]["tok/s ours"] == "—"  # not implemented
+    assert rows[("GSM8K", "Medusa")]["tok/s ours"] == "64.00"  # Medusa-1 heads (issue 26)
+    # the tree cell fills its own row only (CS Drafting and Table 4 are chains)
+    assert rows[("GSM8K", "CS Drafting + Tree Attention")]["tok/s ours"] == "63.00"
+    assert rows[("GSM8K", "CS Drafting + Tree Attention")]["setting ours"] == "k11=1 children=8"
+    # the caption counts the paper's orderings of the rows that hold and names each reversal
+    caption = " ".join(views[0].notes)
+    assert "GSM8K tokens/s: the paper's order holds in 9 of 10 pairs of rows" in caption
+    assert "CS Drafting + Tree Attention > Medusa in the paper (63.81 > 61.87), 63.00 < 64.00 ours" in caption
     k00 = {r["K00"]: r for r in views[1].rows}
     assert (k00["1"]["tok/s ours"], k00["2"]["tok/s ours"], k00["3"]["tok/s ours"]) == ("50.00", "52.00", "—")
     assert k00["1"]["tok/s paper"] == "56.16"
+    # the ablation without the horizontal cascade takes the mag_tail 0 cell, which K00 = 1 does not
+    assert k00["1, no horizontal cascade"]["tok/s ours"] == "51.00"
+    assert k00["1, no horizontal cascade"]["tok/s paper"] == "53.55"
+    assert k00["1, no horizontal cascade"]["setting ours"] == "k11=1 mag_tail=0"
 
 
 # -- the command line ----------------------------------------------------------------------------------
@@ -414,3 +435,39 @@ def test_speedups_in_paper_views_carry_their_bootstrap_interval():
     assert num_interval(cell, "speedup_vs_ar") == "0.65 [0.60, 0.70]"
     assert num_interval({"speedup_vs_ar": 1.2}, "speedup_vs_ar") == "1.20"  # a cells.csv from before
     assert num_interval(None, "speedup_vs_ar") == MISSING
+
+
+def test_a_paired_tokens_per_second_interval_pairs_prompts_and_skips_replayed_rows(tmp_path: Path):
+    from specbench.papers.base import Run, paired_interval
+    from specbench.pipeline.statistics import paired_bootstrap_ratio
+
+    def row(cell, example, tokens, seconds):
+        key = f"{cell}/{example}"
+        return {
+            "key": key,
+            "dataset": "d",
+            "cell": cell,
+            "example_id": example,
+            "n_tokens": tokens,
+            "walltime": seconds,
+        }
+
+    rows = [
+        *(row("fast", f"e{i}", 100, 2.0 + 0.1 * i) for i in range(4)),
+        *(row("slow", f"e{i}", 100, 4.0 - 0.2 * i) for i in range(4)),
+        row("slow", "e9", 100, 100.0),  # a prompt only one cell ran: not paired
+        {**row("fast", "e8", 100, 100.0), "replayed": True},  # no walltime of its own
+    ]
+    (tmp_path / "examples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = Run("r", tmp_path, pd.DataFrame())
+    got = paired_interval(
+        [run],
+        {"run": "r", "dataset": "d", "cell": "fast"},
+        {"run": "r", "dataset": "d", "cell": "slow"},
+        "tokens_per_s",
+    )
+    tokens = [100] * 4
+    expected = paired_bootstrap_ratio(
+        tokens, [2.0 + 0.1 * i for i in range(4)], tokens, [4.0 - 0.2 * i for i in range(4)]
+    )
+    assert got == expected and 1.3 < got[0] < got[1] < 2.0

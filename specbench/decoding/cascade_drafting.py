@@ -53,6 +53,20 @@ as if one-hot (q(x) = 1: kept iff it is the argmax or l p(x) >= 1), except token
 block, tested against that block's reviewer's distribution at position j - 1. The reference decodes
 greedily only; sampled, these rows depend on the drafted tokens themselves (and on the blocks after
 them), so no exact law could be passed up, and ``generate`` refuses the combination.
+
+**Tree attention** (``tree_children`` > 1; the paper's "CS Drafting + Tree Attention", Table 3 and
+Appendix B: "we limit it to only the lead node with the highest probability of having children ...
+the number of children for each leading node being 8, while the other nodes have no children"). The
+target's draft stays the cascade's chain (the leading nodes); before the target's review every chain
+token gets up to ``tree_children`` - 1 siblings, the next candidates of the distribution it was drawn
+from (the law its reviewer passes up: M_d1's row at that position), which are leaves. The target
+scores chain and siblings in one pass under tree attention (:mod:`specbench.models.tree`) and keeps
+the longest path its greedy walk (or recursive rejection sampling, for sampled drafts) accepts, plus
+one token: a rejected chain token may so be replaced by a sibling. Greedy siblings are the next most
+probable tokens; sampled ones are drawn without replacement after the chain token (Gumbel top-k over
+the law without it), which is what the sampled walk needs to keep the target's law. Max-Gram's
+tokens have a one-hot law, hence no siblings. At most ``tree_nodes`` nodes are verified: the chain
+first (cut there if longer), then siblings from the first position on. Decoder-only targets only.
 """
 
 from __future__ import annotations
@@ -61,11 +75,13 @@ from collections.abc import Sequence
 
 import torch
 
+from specbench.decoding import tree_speculative
 from specbench.decoding.acceptance import greedy_accept, speculative_accept
 from specbench.decoding.generation import Generation, Stopwatch, commit, eos_set, truncate_at_eos
 from specbench.methods import Method, ParamSpec, Request, always
 from specbench.models.base import Drafter, LanguageModel
 from specbench.models.sampling import SamplingParams
+from specbench.models.tree import ROOT, TokenTree
 
 
 def cumulative_from_increments(K: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -114,14 +130,19 @@ def generate(
     mag_tail: int = 10,
     mag_lenience: bool = True,
     reference_compat: bool = False,
+    tree_children: int = 1,
+    tree_nodes: int = 32,
 ) -> Generation:
     """CS Drafting with neural ``drafters`` (largest first), the statistical ``mag`` at the bottom and
-    the cumulative budget matrix ``K``; ``lenience`` (l >= 1) applies to the drafters' reviews only.
+    the cumulative budget matrix ``K``; ``lenience`` (l >= 1) applies to the drafters' reviews only;
+    ``tree_children`` > 1 verifies the target's draft as a tree (module docstring).
 
     ``Generation.steps`` holds the target's reviews; ``inner_steps`` every drafter's, by name.
     """
     n = len(drafters)
     _check(K, n, lenience, mag_tokens, reference_compat, sampling, mag_tail)
+    if tree_children > 1 and (reference_compat or tree_nodes < 1):
+        raise ValueError("tree attention needs tree_nodes >= 1 and reference_compat off")
     models = [target, *drafters]  # models[r] reviews level r
     everyone = (*models, mag)
     eos = eos_set(eos_token_id)
@@ -201,14 +222,22 @@ def generate(
     while generated < max_new_tokens and not stopped:
         d, q, _ = draft(0, generated, max_new_tokens - generated - 1)
         drafts = out[generated : generated + d]
-        logits = target.score(out[: generated + d], d).logits
-        if sampling.greedy:  # strict, on raw logits: its argmax is exactly autoregressive greedy's
-            verdict = greedy_accept(drafts, None, logits)
-        else:  # strict: the output follows the target's own distribution
-            verdict = speculative_accept(drafts, q, sampling.probs(logits), generator)
-
-        accepted, new = commit(verdict, drafts, out, generated)
-        rollback(generated + accepted)
+        if tree_children > 1:
+            tree = sibling_tree(drafts, q, tree_children, tree_nodes, sampling, generator)
+            _, path, next_token = tree_speculative.verify(target, out[:generated], tree, sampling, generator)
+            new = [*tree.tokens[path].tolist(), next_token]
+            out[generated : generated + len(new)] = torch.tensor(new, device=out.device)
+            d, accepted = tree.depth, len(path)
+            for model in everyone[1:]:  # the drafters cached the chain up to where the path left it
+                model.rollback(generated + chain_prefix(tree, path))
+        else:
+            logits = target.score(out[: generated + d], d).logits
+            if sampling.greedy:  # strict, on raw logits: its argmax is exactly autoregressive greedy's
+                verdict = greedy_accept(drafts, None, logits)
+            else:  # strict: the output follows the target's own distribution
+                verdict = speculative_accept(drafts, q, sampling.probs(logits), generator)
+            accepted, new = commit(verdict, drafts, out, generated)
+            rollback(generated + accepted)
         new, stopped = truncate_at_eos(new, eos)
         steps.append((d, accepted))
         tokens.extend(new)
@@ -217,6 +246,56 @@ def generate(
     walltime, ttft = watch.stop()
     forwards = {model.name: model.counter.snapshot() for model in everyone}
     return Generation(tokens, walltime, ttft, steps, forwards, stopped, inner_steps)
+
+
+def sibling_tree(
+    drafts: torch.Tensor,
+    q: torch.Tensor | None,
+    children: int,
+    nodes: int,
+    sampling: SamplingParams,
+    generator: torch.Generator | None,
+) -> TokenTree:
+    """The target's chain ``drafts`` with up to ``children`` - 1 sibling leaves per chain token, drawn
+    from the token's law ``q`` (module docstring), in at most ``nodes`` nodes. Node order: chain token
+    i, then its siblings, for i = 0, 1, ...: the chain token of each depth is its first node."""
+    chain = drafts[:nodes]
+    c = chain.shape[0]
+    if c == 0 or q is None:
+        return TokenTree.chain(chain, None if sampling.greedy else q)
+    laws = q[:c]
+    rest = laws.scatter(1, chain[:, None], 0.0)  # the law without the chain token
+    width = min(children - 1, rest.shape[-1] - 1)
+    if sampling.greedy:
+        ranked = torch.topk(rest, width, dim=-1).indices
+    else:  # Gumbel top-k: draws without replacement from the law, after the chain token
+        noise = -torch.log(-torch.log(torch.rand(rest.shape, generator=generator, device=rest.device)))
+        ranked = torch.topk(torch.log(rest) + noise, width, dim=-1).indices
+    drawable = (rest.gather(1, ranked) > 0).tolist()  # the tree's one host sync
+    spare = nodes - c
+    order, parents = [], []  # (row, column) of each node: column -1 is the chain token
+    extra = [[j for j in range(width) if drawable[i][j]] for i in range(c)]
+    for i in range(c):
+        take = extra[i][:spare]
+        spare -= len(take)
+        extra[i] = take
+    for i in range(c):
+        parent = ROOT if i == 0 else len(order) - 1 - len(extra[i - 1])
+        order.append((i, -1))
+        parents.append(parent)
+        for j in extra[i]:
+            order.append((i, j))
+            parents.append(parent)
+    rows = torch.tensor([i for i, _ in order], device=chain.device)
+    picked = torch.tensor([j for _, j in order], device=chain.device)
+    tokens = torch.where(picked < 0, chain[rows], ranked[rows, picked.clamp(min=0)])
+    return TokenTree(tokens, tuple(parents), None if sampling.greedy else laws[rows])
+
+
+def chain_prefix(tree: TokenTree, path: list[int]) -> int:
+    """How many nodes of the accepted ``path`` are chain tokens: a path leaves the chain at most once,
+    into a sibling leaf, and the chain token of each depth is that depth's first node."""
+    return sum(1 for node in path if tree.depths.index(tree.depths[node]) == node)
 
 
 def _reference_rows(drafts: torch.Tensor, p: torch.Tensor, last) -> torch.Tensor:
@@ -259,6 +338,12 @@ def _check_K(params: dict, spec, generation) -> tuple[str, str, str] | None:
     """reference_compat decodes greedily only; K is n x n for the n neural drafters, upper-triangular,
     budgets >= 1 on the diagonal, and cumulative rows never decrease (so increments past the diagonal
     are >= 0)."""
+    if params["tree_children"] > 1 and params["reference_compat"]:
+        return (
+            "tree_children",
+            "tree attention changes what the target reviews, which reference_compat reproduces as chains",
+            "set tree_children: 1, or reference_compat: false",
+        )
     if params["reference_compat"] and generation.temperature > 0:
         return (
             "reference_compat",
@@ -314,6 +399,8 @@ def _run(params: dict, target: LanguageModel, drafters: list, r: Request) -> Gen
         mag_tail=params["mag_tail"],
         mag_lenience=params["mag_lenience"],
         reference_compat=params["reference_compat"],
+        tree_children=params["tree_children"],
+        tree_nodes=params["tree_nodes"],
         **r.decoding(),
     )
 
@@ -365,12 +452,32 @@ METHODS = (
                 False,
                 "test lenient reviews against the rows the reference code passes (for comparison)",
             ),
+            "tree_children": ParamSpec(
+                int,
+                1,
+                "children of each chain token in the target's tree: the chain's next token and the "
+                "rest from its reviewer's law (Appendix B's tree attention: 8); 1 verifies the chain",
+                1,
+                64,
+                added_later=True,
+            ),
+            "tree_nodes": ParamSpec(
+                int,
+                32,
+                "with tree_children > 1: nodes the target verifies at most (the chain first, then "
+                "siblings from the first position on); the compiled engine compiles this one tree pass "
+                "and pads every tree up to it, so keep it tight",
+                1,
+                256,
+                added_later=True,
+            ),
         },
         drafter_list=True,
         check=_check_K,
         # the lenience loosens only the drafters' reviews; the target's stays strict
         lossless=always,
         draft_lengths=_draft_lengths,
+        tree_sizes=lambda params: (params["tree_nodes"],) if params["tree_children"] > 1 else (),
         # 2: Max-Gram drafts within its column's budget K[r][n-1] + mag_tail (before: always mag_tail more)
         revision=2,
     ),

@@ -197,6 +197,27 @@ def verify_sampled(
         node = accepted
 
 
+def verify(
+    target: HFModel,
+    committed: torch.Tensor,
+    tree: TokenTree,
+    sampling: SamplingParams,
+    generator: torch.Generator | None,
+    hidden: tuple = (),
+    fed_hidden: bool = False,
+) -> tuple[Pass, list[int], int]:
+    """The target scores ``tree`` after the ``committed`` tokens in one pass (with the ``hidden``
+    layers' states), walks it (greedy, or recursive rejection sampling) and keeps the accepted path's
+    cache: (the pass, the accepted path, the next token)."""
+    last = target.score_tree(committed, tree, hidden, fed_hidden)
+    if sampling.greedy:
+        path, next_token = verify_greedy(tree, last.logits)
+    else:
+        path, next_token = verify_sampled(tree, sampling.probs(last.logits), generator)
+    target.keep_path(path)
+    return last, path, next_token
+
+
 def generate(
     target: HFModel,
     drafter,
@@ -241,12 +262,9 @@ def generate(
             sampling=sampling,
             generator=generator,
         )
-        last = target.score_tree(committed, tree, drafter.target_layers, drafter.fed_hidden)
-        if sampling.greedy:
-            path, next_token = verify_greedy(tree, last.logits)
-        else:
-            path, next_token = verify_sampled(tree, sampling.probs(last.logits), generator)
-        target.keep_path(path)
+        last, path, next_token = verify(
+            target, committed, tree, sampling, generator, drafter.target_layers, drafter.fed_hidden
+        )
         accepted = accepted_rows(last, tree, path)
         new = [int(tree.tokens[i]) for i in path] + [next_token]
         out[generated : generated + len(new)] = torch.tensor(new, device=out.device)

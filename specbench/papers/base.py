@@ -133,11 +133,12 @@ class Paper:
         return lines
 
 
-def paired_swi_interval(runs: list[Run], a: dict, b: dict, table: str) -> tuple[float, float]:
-    """The paired bootstrap interval (95%) of SWI(a) / SWI(b), two cells of ``cells.csv``, over the
-    prompts both ran (their example rows, paired by example id); (NaN, NaN) with fewer than two."""
+def paired_interval(runs: list[Run], a: dict, b: dict, measure: str) -> tuple[float, float]:
+    """The paired bootstrap interval (95%) of measure(a) / measure(b), two cells of ``cells.csv``, over
+    the prompts both ran (their example rows, paired by example id); ``measure``: an SWI cost table
+    ("ms", "pw") or "tokens_per_s"; (NaN, NaN) with fewer than two prompts."""
     directories = {run.name: run.directory for run in runs}
-    first, second = (_swi_terms(directories[c["run"]], c["dataset"], c["cell"], table) for c in (a, b))
+    first, second = (_terms(directories[c["run"]], c["dataset"], c["cell"], measure) for c in (a, b))
     shared = [example for example in first if example in second]
     if len(shared) < 2:
         return math.nan, math.nan
@@ -146,10 +147,12 @@ def paired_swi_interval(runs: list[Run], a: dict, b: dict, table: str) -> tuple[
     return paired_bootstrap_ratio(num_a, den_a, num_b, den_b)
 
 
-def _swi_terms(directory: Path, dataset: str, cell: str, table: str) -> dict[str, tuple[float, float]]:
-    """example id -> (numerator, denominator) of one cell's SWI, from the run's example rows."""
+def _terms(directory: Path, dataset: str, cell: str, measure: str) -> dict[str, tuple[float, float]]:
+    """example id -> (numerator, denominator) of one cell's ``measure``, from the run's example rows."""
     rows = [r for r in _examples(directory) if r.get("dataset") == dataset and r.get("cell") == cell]
-    return {r["example_id"]: swi_terms(r, table) for r in rows if r.get("costs")}
+    if measure == "tokens_per_s":
+        return {r["example_id"]: (r["n_tokens"], r["walltime"]) for r in rows if not r.get("replayed")}
+    return {r["example_id"]: swi_terms(r, measure) for r in rows if r.get("costs")}
 
 
 @functools.lru_cache(maxsize=8)

@@ -113,7 +113,8 @@ RULES = {
     "[min_length, max_length]",
     "oracle_sd": "T (1-α) target passes (E with k unbounded), T drafter passes",
     "cs_drafting": "target as speculative with k = K[0][-1]; neural drafter c: K[0][c] passes per "
-    "target pass (an upper bound: the vertical cascade writes part of them)",
+    "target pass (an upper bound: the vertical cascade writes part of them); with tree_children > 1 each "
+    "target pass is over up to `tree_nodes` tokens",
     "token_cascade": "small model T passes, large model T (1-α) (α read as the share of tokens kept)",
     "seq_cascade": "small model T passes, large model T (1-α) (α read as the share of answers kept)",
     "oracle_cascade": "both models score every position: T passes each",

@@ -162,10 +162,10 @@ def _add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def of_cell(rows: list[dict], iid: bool) -> Expectation | None:
     """The theory's expectation for the cell of ``rows`` (speculative decoding, a speculative cascade
-    or CS Drafting, from their acceptance as measured), or None for other methods. A speculative
-    cascade (Narasimhan et al., ICLR 2025) is speculative decoding against π instead of p: the same
-    expectation from its own acceptance, with one more drafter pass a step for q at the bonus
-    position where π needs it (every rule but sd)."""
+    or CS Drafting, from their acceptance as measured), or None for other methods and for CS Drafting
+    cells that verify trees. A speculative cascade (Narasimhan et al., ICLR 2025) is speculative
+    decoding against π instead of p: the same expectation from its own acceptance, with one more
+    drafter pass a step for q at the bonus position where π needs it (every rule but sd)."""
     first = rows[0]
     steps = [s for r in rows for s in r["steps"]]
     if not steps:
@@ -183,6 +183,8 @@ def of_cell(rows: list[dict], iid: bool) -> Expectation | None:
         return speculative(rates(steps, iid), draft, first["drafter"], passes)
     if first["method"] == "cs_drafting" and first.get("drafters"):
         params = first["params"]
+        if int(params.get("tree_children", 1)) > 1:  # siblings: Theorems 4.3/4.5 price chains
+            return None
         K = params["K"]
         if params.get("k_convention") == "increment":
             K = cumulative_from_increments(K)

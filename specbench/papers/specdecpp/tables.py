@@ -13,6 +13,7 @@ import json
 import math
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 
 import pandas as pd
 import yaml
@@ -158,18 +159,86 @@ def _r2(value) -> str:
     return num(value, 4)
 
 
+def head_manifest(runs: list[Run], name: str) -> dict | None:
+    """The training manifest of head ``name`` that a run directory keeps in ``heads/`` (the first run
+    that has one), or None."""
+    for run in runs:
+        path = Path(run.directory) / "heads" / f"{name}.json" if run.directory is not None else None
+        if path is not None and path.is_file():
+            return json.loads(path.read_text())
+    return None
+
+
+def _head_name(paper: dict) -> str:
+    return f"wrej{paper['w_rej']:g}-d{paper['depth']}"
+
+
+def kl_orderings(paper_rows: list[dict], manifests: dict[tuple, dict | None]) -> list[str]:
+    """Table 3's two KL trends, the paper's and ours (eval KL): it rises with w_rej at every depth,
+    and falls from the linear head (D = 0) to the deepest; where ours does not fall, the heads' mean
+    predictions say why (w_rej skews a head's probabilities away from the label mean, and the
+    unweighted KL charges that skew: a head that has not taken the skew on scores better)."""
+
+    def kl(source: str, w, d):
+        if source == "paper":
+            return next((r["eval_kl"] for r in paper_rows if (r["w_rej"], r["depth"]) == (w, d)), None)
+        manifest = manifests.get((w, d))
+        return manifest["eval"]["binary_kl"] if manifest else None
+
+    weights = sorted({r["w_rej"] for r in paper_rows})
+    depths = sorted({r["depth"] for r in paper_rows})
+    if not any(manifests.values()):
+        return []
+    lines = []
+    for source in ("paper", "ours"):
+        rising = [d for d in depths if _increasing([kl(source, w, d) for w in weights])]
+        falling = [w for w in weights if _below(kl(source, w, depths[-1]), kl(source, w, depths[0]))]
+        lines.append(
+            f"eval KL {source}: rises with w_rej at {len(rising)} of {len(depths)} depths; lower at D = "
+            f"{depths[-1]} than at D = {depths[0]} for {len(falling)} of {len(weights)} w_rej"
+        )
+    text = "KL trends (Table 3): " + "; ".join(lines) + "."
+    reversed_ = [w for w in weights if _below(kl("ours", w, depths[0]), kl("ours", w, depths[-1]))]
+    if reversed_:
+        label = manifests[(reversed_[0], depths[0])]["eval"]["mean_label"]
+        means = ", ".join(
+            f"w_rej {w:g}: D = {depths[0]} {manifests[(w, depths[0])]['eval']['mean_prediction']:.3f}, "
+            f"D = {depths[-1]} {manifests[(w, depths[-1])]['eval']['mean_prediction']:.3f}"
+            for w in reversed_
+        )
+        text += (
+            f" Ours is lower at D = {depths[0]} for w_rej {', '.join(f'{w:g}' for w in reversed_)}: mean "
+            f"predicted acceptance against a mean label of {label:.3f} ({means}); the deeper heads carry "
+            "w_rej's downward skew, which the unweighted KL charges, while the linear head has not "
+            "taken it on."
+        )
+    return [text]
+
+
+def _increasing(values: list) -> bool:
+    return None not in values and all(a < b for a, b in zip(values, values[1:], strict=False))
+
+
+def _below(a, b) -> bool:
+    return a is not None and b is not None and a < b
+
+
 def table3_view(runs: list[Run], ref: dict) -> View:
     """Table 3 (the acceptance head's ablation): per (w_rej, depth), our best tokens/s over the
     specdecpp cells whose head is named ``wrej<W>-d<D>``, beside the paper's."""
     table = ref["table3"]
     cells = [run.cells.assign(run=run.name) for run in runs]
     rows = []
+    manifests = {(r["w_rej"], r["depth"]): head_manifest(runs, _head_name(r)) for r in table["rows"]}
     for paper in table["rows"]:
-        name = f"wrej{paper['w_rej']:g}-d{paper['depth']}"
+        name = _head_name(paper)
+        manifest = manifests[(paper["w_rej"], paper["depth"])]
         row = {
             "w_rej": f"{paper['w_rej']:g}",
             "D": str(paper["depth"]),
+            "train KL ours": num(manifest["train"]["binary_kl"], 3) if manifest else MISSING,
             "train KL paper": num(paper["train_kl"], 3),
+            "eval KL ours": num(manifest["eval"]["binary_kl"], 3) if manifest else MISSING,
             "eval KL paper": num(paper["eval_kl"], 3),
         }
         for label, task in ref["datasets"].items():
@@ -188,9 +257,12 @@ def table3_view(runs: list[Run], ref: dict) -> View:
     notes = [
         f"Paper: {table['source']}. w_rej: weight of rejections in the BCE loss (w_acc = 1); D: the "
         "head's residual SiLU blocks (0: a linear layer); KL: unweighted binary KL of the head's "
-        "acceptance probabilities (the paper's heads; ours are in each head's manifest). Each cell: "
-        "the best tokens/s over the stopping thresholds (the paper's best thresholds are lost in our copy).",
+        "acceptance probabilities on the head's training and held-out data (ours: the manifest "
+        "heads/wrej<W>-d<D>.json a run directory keeps of each head, from specbench specdecpp train). "
+        "Each tokens/s: the best over the stopping thresholds (the paper's best thresholds are lost in "
+        "our copy).",
         "ours: specdecpp cells whose head is named wrej<W>-d<D> (specbench specdecpp train --w-rej W "
         "--depth D --name wrej<W>-d<D>), best over their thresholds; — = no such cell in the run.",
+        *kl_orderings(table["rows"], manifests),
     ]
     return View("SpecDec++ Table 3 (head ablation, tokens/s): ours | paper", rows, notes)
