@@ -5,9 +5,11 @@ from __future__ import annotations
 import copy
 import functools
 import os
+from collections import Counter
 
 import pytest
 import torch
+import torch.utils._python_dispatch
 
 from specbench.models.base import ModelDrafter
 from specbench.models.compiled import ENGINES, CompiledHFModel
@@ -167,3 +169,20 @@ def tiny_pair(tiny_model, one_thread):
         return target, ModelDrafter(drafter)
 
     return make
+
+
+class OpCount(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the aten operations dispatched inside it: each is at least one kernel launch on a GPU,
+    so a loop's count per step is its launch overhead there, whatever the device that counts it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def total(self) -> int:
+        return sum(self.ops.values())

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import OpCount
 from rich.progress import Progress
 from test_acceptance import TINY_OPTIONS, assert_matches, exact_joint, softmax_at
 from typer.testing import CliRunner
@@ -25,6 +26,7 @@ from specbench.errors import SpecbenchError
 from specbench.models.compiled import CompiledHFModel
 from specbench.models.hf import HFModel
 from specbench.models.sampling import SamplingParams
+from specbench.models.tree import TokenTree
 from specbench.training.eagle import train_head
 from specbench.training.teacher import Sequence
 
@@ -132,6 +134,43 @@ def test_eagle_greedy_is_the_target_greedy_output(engine, shape, tiny_model):
     drafting = sum(1 for d, _ in out.steps if d)
     # a root pass per drafting step, then one pass per further level it grew
     assert drafting <= out.forwards["head"]["forward_passes"] <= depth * drafting
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_drafting_level_dispatches_as_many_operations_whatever_its_width(temperature, tiny_model):
+    """On a GPU every dispatched operation is a kernel launch, and a step of a small model is bound by
+    them: a tree level (the head's pass, its mask, the children's probabilities and ranks) must cost a
+    fixed number of operations, not a few per node."""
+    weights = tiny_model("tiny-llama", 3, vocab_size=64, init_std=0.3)
+    sampling = SamplingParams(temperature=temperature)
+    counts = []
+    for branch in (2, 4):
+        target = HFModel(weights, "t")
+        drafter = random_head(HFModel(weights, "t"), 3)
+        prompt = torch.tensor([3, 4, 5, 2, 9, 1])
+        target.start(prompt)
+        drafter.start(prompt)
+        empty = TokenTree(prompt[:0], ())
+        last, path, token = tree_speculative.verify(
+            target, prompt[:0], empty, sampling, None, drafter.target_layers, drafter.fed_hidden
+        )
+        accepted = tree_speculative.accepted_rows(last, empty, path)
+        with OpCount() as counted:
+            tree = tree_speculative.draft_tree(
+                drafter,
+                torch.tensor([token]),
+                last,
+                accepted,
+                depth=4,
+                branch=branch,
+                frontier=2,
+                nodes=100,
+                sampling=sampling,
+                generator=torch.Generator().manual_seed(0),
+            )
+        assert len(tree) == branch + 3 * 2 * branch
+        counts.append(counted.total)
+    assert counts[0] == counts[1], counts
 
 
 def test_eagle_sampling_reproduces_the_target_joint(tiny_model):
@@ -246,6 +285,10 @@ def test_an_eagle_recipe_runs_lossless(tmp_path, monkeypatch, tiny_model, engine
     rows = [json.loads(line) for line in (tmp_path / "out" / "examples.jsonl").read_text().splitlines()]
     eagle_rows = [row for row in rows if row["method"] == "eagle"]
     assert eagle_rows and all(row["divergence_class"] == "identical" for row in eagle_rows)
+    # the head is recorded where it ran: on its target's device, in its target's dtype
+    recorded = json.loads((tmp_path / "out" / "environment.json").read_text())["models"]
+    assert recorded["head"]["dtype"] == recorded["target"]["dtype"] == "torch.float64"
+    assert recorded["head"]["device"] == recorded["target"]["device"]
     if engine == "compiled":
         assert eagle_rows[0]["compile_s"] > 0 and all(row["compile_s"] == 0 for row in eagle_rows[1:])
 

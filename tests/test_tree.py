@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import ENGINES, engine_model
+from conftest import ENGINES, OpCount, engine_model
 from test_acceptance import TINY_OPTIONS, assert_matches, exact_joint, softmax_at
 from typer.testing import CliRunner
 
@@ -20,7 +20,7 @@ from specbench.decoding import autoregressive, tree_speculative
 from specbench.decoding.tree_speculative import verify_greedy, verify_sampled
 from specbench.models.hf import HFModel
 from specbench.models.sampling import SamplingParams
-from specbench.models.tree import ROOT, TokenTree
+from specbench.models.tree import ROOT, TokenTree, move_path_entries
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 F64 = torch.float64
@@ -74,6 +74,27 @@ def test_keep_path_keeps_the_accepted_nodes_cache_and_forgets_the_rest(path, tin
     scored = model.score(torch.tensor(nxt), 0)
     torch.testing.assert_close(scored.logits[-1], full_next(weights, prompt + nxt), atol=1e-10, rtol=0)
     assert model.counter.snapshot()["tokens_scored"] == 4 + (1 + 6) + 1  # the bonus alone is fed
+
+
+def test_a_path_already_in_place_moves_no_cache_entry(tiny_model):
+    """A chain's accepted path (nodes 0, 1, ...) sits where keep_path would copy it: no kernel runs;
+    a path that leaves the first children moves only from where it leaves them."""
+    model = HFModel(tiny_model("tiny-llama", 3, vocab_size=300, layers=2), "m")
+    model.start(torch.tensor([5, 6, 7, 8]))
+    model.score_tree(torch.tensor([9]), TokenTree(torch.arange(20, 26), TREES["branching"]))
+    layers = model._cache.layers
+    before = [layer.keys.clone() for layer in layers]
+    start = 5
+    with torch.inference_mode(), OpCount() as counted:
+        move_path_entries(layers, start, [0], model.device)
+    assert counted.total == 0
+    with torch.inference_mode(), OpCount() as counted:
+        move_path_entries(layers, start, [0, 2, 4], model.device)
+    assert counted.ops["aten.index_select"] == 2 * len(layers)
+    for layer, old in zip(layers, before, strict=True):
+        torch.testing.assert_close(layer.keys[..., start, :], old[..., start, :], rtol=0, atol=0)
+        moved = old[..., [start + 2, start + 4], :]
+        torch.testing.assert_close(layer.keys[..., start + 1 : start + 3, :], moved, rtol=0, atol=0)
 
 
 def test_trees_are_checked():

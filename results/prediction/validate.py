@@ -18,6 +18,7 @@ import pandas as pd
 
 from specbench.models.machine import recorded_machine
 from specbench.pipeline import cost_model, prediction, probe
+from specbench.pipeline.prediction_view import model_setups
 from specbench.pipeline.results import read_examples
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,14 +29,7 @@ LABEL = "amd-epyc-family26-avx512-bf16"  # this directory's machine: AMD EPYC fa
 def _machine(run: Path) -> tuple[str, str]:
     environment = json.loads((run / "environment.json").read_text())
     machine = recorded_machine(environment)
-    setups = sorted(
-        {
-            f"{str(m.get('dtype')).removeprefix('torch.')} {m.get('engine') or 'eager'}"
-            for m in environment.get("models", {}).values()
-            if m.get("parameters")
-        }
-    )
-    return (machine.describe() if machine else "unrecorded"), ", ".join(setups)
+    return (machine.describe() if machine else "unrecorded"), model_setups(environment)
 
 
 def held_out() -> str:

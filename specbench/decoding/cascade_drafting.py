@@ -225,7 +225,7 @@ def generate(
         if tree_children > 1:
             tree = sibling_tree(drafts, q, tree_children, tree_nodes, sampling, generator)
             _, path, next_token = tree_speculative.verify(target, out[:generated], tree, sampling, generator)
-            new = [*tree.tokens[path].tolist(), next_token]
+            new = [*tree.token_list(path), next_token]
             out[generated : generated + len(new)] = torch.tensor(new, device=out.device)
             d, accepted = tree.depth, len(path)
             for model in everyone[1:]:  # the drafters cached the chain up to where the path left it

@@ -88,13 +88,15 @@ def draft_tree(
     root = drafter.root(tokens, last, accepted) if depth > 0 else None
     if root is None:
         return empty
-    rows = sampling.probs(root)  # [1, V]
+    # A level's nodes are kept as tensors (tokens, path probabilities, and the laws they were drawn
+    # from), so a level costs a few kernels on a GPU rather than a few per node; the parents are Python.
+    rows = sampling.probs(root)  # [F, V]: the laws of the nodes being expanded
     expand = [ROOT]
+    path_probability = torch.ones(1, dtype=rows.dtype, device=device)  # of each node in expand
     parents: list[int] = []
-    node_tokens: list[torch.Tensor] = []
-    node_q: list[torch.Tensor] = []
-    score = {ROOT: torch.ones((), dtype=rows.dtype, device=device)}
-    scores: list[torch.Tensor] = []
+    level_tokens: list[torch.Tensor] = []
+    level_scores: list[torch.Tensor] = []
+    level_laws: list[torch.Tensor] = []
     for level in range(depth):
         width = min(branch, rows.shape[-1])
         if sampling.greedy:
@@ -102,34 +104,41 @@ def draft_tree(
         else:  # Gumbel top-k: b draws without replacement, in draw order
             noise = -torch.log(-torch.log(torch.rand(rows.shape, generator=generator, device=device)))
             picked = torch.topk(torch.log(rows) + noise, width, dim=-1).indices
-        first = len(parents)
-        if not sampling.greedy:  # whether each child has probability > 0: one transfer for the level
-            drawable = (rows.gather(-1, picked) > 0).flatten().tolist()
-        for f, parent in enumerate(expand):
-            for token in picked[f]:
-                parents.append(parent)
-                node_tokens.append(token)
-                node_q.append(rows[f])
-                scores.append(score[parent] * rows[f, token])
+        drawn = rows.gather(-1, picked)  # [F, b]
+        children = [parent for parent in expand for _ in range(width)]
+        new_tokens, scores = picked.flatten(), (path_probability[:, None] * drawn).flatten()
+        laws = None if sampling.greedy else rows.repeat_interleave(width, dim=0)
         if not sampling.greedy:  # children a distribution cannot draw (probability 0) are no draws
-            keep = [i for i in range(len(parents)) if i < first or drawable[i - first]]
-            if len(keep) < len(parents):
-                parents, node_tokens, node_q, scores = _renumbered(keep, parents, node_tokens, node_q, scores)
-        if level == depth - 1:
+            drawable = (drawn > 0).flatten().tolist()  # one transfer for the level
+            if not all(drawable):
+                keep = [i for i, ok in enumerate(drawable) if ok]
+                children = [children[i] for i in keep]
+                index = torch.tensor(keep, device=device)
+                new_tokens, scores, laws = new_tokens[index], scores[index], laws[index]
+        first = len(parents)
+        parents.extend(children)
+        level_tokens.append(new_tokens)
+        level_scores.append(scores)
+        if laws is not None:
+            level_laws.append(laws)
+        if level == depth - 1 or not children:
             break
-        new = list(range(first, len(parents)))
-        ranked = torch.stack([scores[i] for i in new]).topk(min(frontier, len(new))).indices.tolist()
-        expand = [new[i] for i in ranked]
-        score = {i: scores[i] for i in expand}
-        tree = TokenTree(torch.stack(node_tokens), tuple(parents))
+        ranked = scores.topk(min(frontier, len(children))).indices
+        expand = [first + i for i in ranked.tolist()]
+        path_probability = scores[ranked]
+        tree = TokenTree(torch.cat(level_tokens), tuple(parents))
         rows = sampling.probs(drafter.level(tokens, level + 1, tree, expand))
     if not parents:
         return empty
+    node_tokens = torch.cat(level_tokens)
+    laws = torch.cat(level_laws) if level_laws else None
     if sampling.greedy and len(parents) > nodes:
-        best = set(torch.stack(scores).topk(nodes).indices.tolist())
+        best = set(torch.cat(level_scores).topk(nodes).indices.tolist())
         keep = sorted(best | {a for i in best for a in _ancestors(parents, i)})
-        parents, node_tokens, node_q, scores = _renumbered(keep, parents, node_tokens, node_q, scores)
-    return TokenTree(torch.stack(node_tokens), tuple(parents), torch.stack(node_q))
+        index = {old: new for new, old in enumerate(keep)}
+        parents = [ROOT if parents[i] == ROOT else index[parents[i]] for i in keep]
+        node_tokens = node_tokens[torch.tensor(keep, device=device)]
+    return TokenTree(node_tokens, tuple(parents), laws)
 
 
 def _ancestors(parents: list[int], node: int) -> list[int]:
@@ -140,20 +149,10 @@ def _ancestors(parents: list[int], node: int) -> list[int]:
     return found
 
 
-def _renumbered(keep: list[int], parents, node_tokens, node_q, scores):
-    index = {old: new for new, old in enumerate(keep)}
-    return (
-        [ROOT if parents[i] == ROOT else index[parents[i]] for i in keep],
-        [node_tokens[i] for i in keep],
-        [node_q[i] for i in keep],
-        [scores[i] for i in keep],
-    )
-
-
 def verify_greedy(tree: TokenTree, logits: torch.Tensor) -> tuple[list[int], int]:
     """(accepted path, next token): the target's greedy walk down the tree (one host sync)."""
     choice = greedy_token(logits).tolist()  # row 0 after the root, row i + 1 after node i
-    tokens = tree.tokens.tolist()
+    tokens = tree.host_tokens
     path, node = [], ROOT
     while True:
         want = choice[node + 1]
@@ -169,7 +168,7 @@ def verify_sampled(
 ) -> tuple[list[int], int]:
     """(accepted path, next token) by recursive rejection sampling (module docstring); ``p``: the
     target's distributions ``[N + 1, V]``, rows as in :meth:`score_tree`."""
-    tokens = tree.tokens.tolist()
+    tokens = tree.host_tokens
     path, node = [], ROOT
     while True:
         target = p[node + 1]
@@ -266,8 +265,10 @@ def generate(
             target, committed, tree, sampling, generator, drafter.target_layers, drafter.fed_hidden
         )
         accepted = accepted_rows(last, tree, path)
-        new = [int(tree.tokens[i]) for i in path] + [next_token]
-        out[generated : generated + len(new)] = torch.tensor(new, device=out.device)
+        if path:
+            out[generated : generated + len(path)] = tree.tokens[path]
+        out[generated + len(path)] = next_token
+        new = [*tree.token_list(path), next_token]
         drafter.rollback(generated)
         new, stopped = truncate_at_eos(new, eos)
         steps.append((tree.depth, len(path)))

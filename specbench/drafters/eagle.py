@@ -103,6 +103,7 @@ class EagleDrafter:
         self.counter = ForwardCounter()
         self.num_parameters = sum(p.numel() for p in head.parameters())
         self.device = next(head.parameters()).device
+        self.dtype = next(head.parameters()).dtype  # the target's: the heads read its features
 
     def start(self, prompt_ids: torch.Tensor) -> None:
         from transformers import DynamicCache
@@ -111,7 +112,9 @@ class EagleDrafter:
         self._prompt = prompt_ids.to(self.device)
         self._cache = DynamicCache()
         self._pairs = 0  # committed positions t whose (x_{t+1}, f_t) the cache holds
-        self._features: dict[int, torch.Tensor] = {}  # tree node (ROOT first) -> its predicted feature
+        # the predicted features of the tree's nodes (ROOT's first), one row each, and each node's row
+        self._features: torch.Tensor | None = None
+        self._feature_row: dict[int, int] = {}
         self._slots: dict[int, int] = {}  # expanded tree node -> its cache entry
 
     def _pass(self, tokens, features, positions, mask) -> torch.Tensor:
@@ -146,7 +149,7 @@ class EagleDrafter:
         positions = torch.arange(self._pairs, self._pairs + n, device=self.device)
         out = self._pass(new_tokens, features, positions, causal_mask(self._pairs, n, self.device))
         self._pairs += n
-        self._features = {ROOT: out[-1]}
+        self._features, self._feature_row = out[-1:], {ROOT: 0}
         self._slots = {}
         return self.lm_head(out[-1:]).to(tokens.device)
 
@@ -156,17 +159,23 @@ class EagleDrafter:
         predicted feature and its own token, seeing the committed positions and its ancestors."""
         cached = self._cache.get_seq_length()
         n = len(expand)
-        mask = torch.zeros(1, 1, n, cached + n, dtype=torch.bool, device=self.device)
-        mask[..., : self._pairs] = True
+        # built on the host and copied once: one kernel per entry would dominate a GPU step
+        seen_rows, seen_slots = [], []
         for row, node in enumerate(expand):
-            for ancestor in tree.path(node)[:-1]:
-                mask[0, 0, row, self._slots[ancestor]] = True
-            mask[0, 0, row, cached + row] = True
-        features = torch.stack([self._features[tree.parents[i]] for i in expand])
+            slots = [self._slots[ancestor] for ancestor in tree.path(node)[:-1]] + [cached + row]
+            seen_rows += [row] * len(slots)
+            seen_slots += slots
+        allowed = torch.zeros(n, cached + n, dtype=torch.bool)
+        allowed[:, : self._pairs] = True
+        allowed[seen_rows, seen_slots] = True
+        mask = allowed.to(self.device)[None, None]
+        features = self._features[[self._feature_row[tree.parents[i]] for i in expand]]
         positions = torch.full((n,), self._pairs + level - 1, dtype=torch.long, device=self.device)
         out = self._pass(tree.tokens[expand].to(self.device), features, positions, mask)
+        first = self._features.shape[0]
+        self._features = torch.cat([self._features, out])
         for row, node in enumerate(expand):
-            self._features[node] = out[row]
+            self._feature_row[node] = first + row
             self._slots[node] = cached + row
         return self.lm_head(out).to(tokens.device)
 

@@ -62,6 +62,7 @@ class MedusaDrafter:
         self.counter = ForwardCounter()  # the heads run no model pass: it stays at 0
         self.num_parameters = sum(p.numel() for p in heads.parameters())
         self.device = next(heads.parameters()).device
+        self.dtype = next(heads.parameters()).dtype  # the target's: the heads read its features
 
     def start(self, prompt_ids: torch.Tensor) -> None:
         self.counter.reset()

@@ -295,8 +295,9 @@ class CompiledHFModel(HFModel):
         ids[0, :fed] = torch.cat([committed, nodes])
         mask[..., :fed, : keep + fed] = tree_attention(committed.shape[0], keep, tree, dtype, self.device)
         positions[0, :fed] = tree_positions(total, committed.shape[0], tree, self.device)[0]
-        for row in range(fed, size):  # padding rows see themselves only
-            mask[0, 0, row, keep + row] = 0
+        if size > fed:  # padding rows see themselves only
+            padding = torch.arange(fed, size, device=self.device)
+            mask[0, 0, padding, keep + padding] = 0
         self._point(keep)
         started = self.counter.begin(self.device)
         if bucket:

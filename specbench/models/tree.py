@@ -11,6 +11,7 @@ The pass returns ``N + 1`` logits rows: row 0 after the root, row ``i + 1`` afte
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -43,6 +44,14 @@ class TokenTree:
     def depth(self) -> int:
         """The longest path's length (0 for an empty tree)."""
         return max(self.depths, default=0)
+
+    @cached_property
+    def host_tokens(self) -> list[int]:
+        """The tokens as Python ints, read from the device once per tree."""
+        return self.tokens.tolist()
+
+    def token_list(self, nodes: list[int]) -> list[int]:
+        return [self.host_tokens[i] for i in nodes]
 
     def children(self, node: int) -> list[int]:
         return [i for i, parent in enumerate(self.parents) if parent == node]
@@ -97,9 +106,12 @@ def tree_positions(committed_total: int, committed_new: int, tree: TokenTree, de
 def move_path_entries(layers, start: int, path: list[int], device) -> None:
     """Copy the KV entries of the tree nodes ``path`` (at ``start + node``) to ``start, start + 1, ...``
     in place, in every cache layer: the accepted path then follows the committed positions."""
-    if not path:
+    # a path that begins with nodes 0, 1, ... (a chain's, or the first children's) is already in place
+    # that far: only the rest moves, and a path wholly in place costs no kernel at all
+    moved = next((i for i, node in enumerate(path) if node != i), len(path))
+    if moved == len(path):
         return
-    where = torch.tensor([start + node for node in path], device=device)
+    where = torch.tensor([start + node for node in path[moved:]], device=device)
     for layer in layers:
-        layer.keys[..., start : start + len(path), :] = layer.keys.index_select(-2, where)
-        layer.values[..., start : start + len(path), :] = layer.values.index_select(-2, where)
+        layer.keys[..., start + moved : start + len(path), :] = layer.keys.index_select(-2, where)
+        layer.values[..., start + moved : start + len(path), :] = layer.values.index_select(-2, where)

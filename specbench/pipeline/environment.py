@@ -74,10 +74,9 @@ def write_environment(
                     **_identity(recipe.models[name].source),
                     "parameters": m.num_parameters,
                     # an engine model's is the one it asked its engine for (specbench.engines)
-                    "dtype": str(next(m.model.parameters()).dtype)
-                    if isinstance(m, HFModel)
-                    else getattr(m, "serving_dtype", None),
-                    "device": str(m.device) if isinstance(m, HFModel) else "cpu",
+                    "dtype": _dtype_of(m),
+                    # trained heads sit on their target's device; statistical drafters on the host
+                    "device": str(getattr(m, "device", "cpu")),
                     # accelerate's placement (module -> device) of a model loaded with device_map
                     "device_map": _device_map(m),
                     "dtype_reason": getattr(m, "dtype_reason", None),  # why dtype: auto chose it
@@ -140,6 +139,15 @@ def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _dtype_of(model) -> str | None:
+    """The dtype a model computes in: an HFModel's weights', a trained head's (its target's), the one an
+    engine model asked its engine for; None for a statistical drafter."""
+    if isinstance(model, HFModel):
+        return str(next(model.model.parameters()).dtype)
+    dtype = getattr(model, "dtype", None) or getattr(model, "serving_dtype", None)
+    return None if dtype is None else str(dtype)
 
 
 def _device_map(model) -> dict | None:

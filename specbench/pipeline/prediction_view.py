@@ -90,17 +90,21 @@ def _environment(run_dir: Path) -> dict:
         raise SpecbenchError(str(path), f"unreadable ({error})", "name a run directory") from None
 
 
+def model_setups(environment: dict) -> str:
+    """The run's models as "dtype engine" pairs, those with weights and a recorded dtype (the heads of
+    older runs recorded none)."""
+    models = environment.get("models") or {}
+    setups = {
+        f"{str(m.get('dtype')).removeprefix('torch.')} {m.get('engine') or 'eager'}"
+        for m in models.values()
+        if m.get("parameters") and m.get("dtype")
+    }
+    return ", ".join(sorted(setups))
+
+
 def _named(environment: dict) -> str:
     machine = recorded_machine(environment)
-    models = environment.get("models") or {}
-    setups = sorted(
-        {
-            f"{str(m.get('dtype')).removeprefix('torch.')} {m.get('engine')}"
-            for m in models.values()
-            if m.get("parameters")
-        }
-    )
-    return f"{machine.describe() if machine else 'an unrecorded machine'} ({', '.join(setups)})"
+    return f"{machine.describe() if machine else 'an unrecorded machine'} ({model_setups(environment)})"
 
 
 def _profile_named(profile: dict) -> str:
