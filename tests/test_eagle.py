@@ -289,6 +289,10 @@ def test_an_eagle_recipe_runs_lossless(tmp_path, monkeypatch, tiny_model, engine
     recorded = json.loads((tmp_path / "out" / "environment.json").read_text())["models"]
     assert recorded["head"]["dtype"] == recorded["target"]["dtype"] == "torch.float64"
     assert recorded["head"]["device"] == recorded["target"]["device"]
+    resumed = CliRunner().invoke(
+        app, ["run", str(tmp_path / "out.yaml"), "--output-dir", str(tmp_path / "out"), "--resume"]
+    )
+    assert resumed.exit_code == 0, resumed.output  # the head's recorded dtype does not refuse it
     if engine == "compiled":
         assert eagle_rows[0]["compile_s"] > 0 and all(row["compile_s"] == 0 for row in eagle_rows[1:])
 
