@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -518,7 +519,7 @@ def test_the_recipes_folder_is_complete():
 def test_cli_runs_a_tiny_cascade_recipe(tmp_path):
     out = tmp_path / "sc"
     path = ROOT / "recipes" / "spec_cascades" / "gemma_2b_27b-tiny.yaml"
-    result = CliRunner().invoke(app, ["run", str(path), "--output-dir", str(out), "--limit", "1"])
+    result = CliRunner().invoke(app, ["run", str(path), "--output-dir", str(out), "--limit", "2"])
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (out / "examples.jsonl").read_text().splitlines()]
     cascades = [row for row in rows if row["method"] != "autoregressive"]
@@ -534,3 +535,12 @@ def test_cli_runs_a_tiny_cascade_recipe(tmp_path):
     assert len(view.rows) == len(speculative) > 0
     with_rule = speculative[speculative["rejection_rate_lemma5"].notna()]
     assert len(with_rule) and (with_rule["rejection_rate"].between(0, 1)).all()
+    # the difference of the two rates, with its interval over whole examples (two here: the
+    # resamples of one example only give the extremes, between which the pooled difference lies)
+    shown = {(row["Dataset"], row["Method"]): row["ours - Lemma 5, examples resampled"] for row in view.rows}
+    for cell in with_rule.itertuples():
+        gap, low, high = map(
+            float, re.fullmatch(r"(\S+) \[(\S+), (\S+)\]", shown[cell.dataset, cell.cell]).groups()
+        )
+        assert gap == pytest.approx(cell.rejection_rate - cell.rejection_rate_lemma5, abs=5e-4)
+        assert low <= gap <= high
