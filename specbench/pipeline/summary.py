@@ -33,6 +33,12 @@ from specbench.pipeline.statistics import (
 from specbench.tasks.metrics import corpus_score
 
 
+def reviewed_and_rejected(steps) -> tuple[int, int]:
+    """A speculative cascade's drafts the target reviewed (each step's up to its first rejection) and
+    its rejections (the steps that rejected one), from (drafted, accepted) steps."""
+    return sum(min(a + 1, d) for d, a in steps), sum(1 for d, a in steps if a < d)
+
+
 def summarise_cell(rows: list[dict]) -> dict:
     first = rows[0]
     target, drafter = first["target"], first["drafter"]
@@ -101,9 +107,9 @@ def summarise_cell(rows: list[dict]) -> dict:
     if first["method"] == "spec_cascade":
         # per draft the target reviewed (up to a step's first rejection): the rejections that
         # happened, and Lemma 5's D_TV(π, q) summed over the same drafts (Narasimhan et al., ICLR 2025)
-        reviewed = sum(min(a + 1, d) for d, a in steps)
+        reviewed, rejected = reviewed_and_rejected(steps)
         out["reviewed_drafts"] = reviewed
-        out["rejection_rate"] = sum(1 for d, a in steps if a < d) / reviewed if reviewed else math.nan
+        out["rejection_rate"] = rejected / reviewed if reviewed else math.nan
         if all("expected_rejections" in r for r in rows):  # every rule but sd, since Lemma 5 was
             expected = sum(r["expected_rejections"] for r in rows)
             out["rejection_rate_lemma5"] = expected / reviewed if reviewed else math.nan

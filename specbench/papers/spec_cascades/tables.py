@@ -167,13 +167,13 @@ def _lemma5_gaps(run: Run) -> dict[tuple[str, str], str]:
     """(dataset, cell) -> "gap [low, high]": counted minus expected rejections per reviewed draft, and
     its bootstrap interval over the run's examples (each example's drafts resampled together)."""
     from specbench.pipeline.statistics import bootstrap_ratio
+    from specbench.pipeline.summary import reviewed_and_rejected
 
     terms: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for row in read_examples(run.directory):
         if row.get("method") != "spec_cascade" or "expected_rejections" not in row:
             continue
-        reviewed = sum(min(a + 1, d) for d, a in row["steps"])
-        rejected = sum(1 for d, a in row["steps"] if a < d)
+        reviewed, rejected = reviewed_and_rejected(row["steps"])
         terms.setdefault((row["dataset"], row["cell"]), []).append(
             (rejected - row["expected_rejections"], reviewed)
         )
