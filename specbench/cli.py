@@ -589,7 +589,9 @@ def bench(
     engine: str = typer.Option(
         "eager",
         help="Engines to time, comma-separated: eager (HF passes, dynamic cache), compiled (static cache, "
-        "compiled passes: minutes of compilation on a CPU, reported apart) or eager,compiled.",
+        "compiled passes: minutes of compilation on a CPU, reported apart), onednn (eager, with the "
+        "linear layers on oneDNN's reordered weights: a recipe's linear: onednn), e.g. "
+        "eager,onednn,compiled.",
     ),
     target_options: str = typer.Option(
         "{}", help='Loader options as JSON, e.g. \'{"hidden_size": 2048, "layers": 16}\' for tiny-llama.'

@@ -125,6 +125,9 @@ class ModelSpec(_Strict):
     # or a serving engine (specbench.engines: vllm); unset: the recipe's engine. Statistical drafters
     # have none.
     engine: Literal["eager", "compiled", "vllm"] | None = None
+    # which library runs the linear layers on the eager engine (specbench.models.linear); unset: the
+    # recipe's linear
+    linear: Literal["aten", "onednn", "auto"] | None = None
     # a serving engine's own settings (specbench.engines.<engine>.OPTIONS), checked when read
     engine_options: dict[str, Any] = Field(default_factory=dict)
     # passed to the loader; each kind of source in specbench.sources declares the options it takes
@@ -241,6 +244,9 @@ class Recipe(_Strict):
     repeats: int = Field(default=1, ge=1, le=100)
     # the engine of every neural model that names none (eager: what the papers measured)
     engine: Literal["eager", "compiled"] = "eager"
+    # the linear layers' library of every eager CPU model that names none (specbench.models.linear):
+    # aten (torch's default), onednn (weights reordered once), auto (the faster here, timed at load)
+    linear: Literal["aten", "onednn", "auto"] = "aten"
     # torch's intra-op threads for the run (None: torch's default, one per core); part of the machine
     # a run directory records, so a resume with another count is refused like another machine
     threads: int | None = Field(default=None, ge=1, le=4096)
@@ -263,6 +269,13 @@ class Recipe(_Strict):
         if not _source(self.models[name].source).neural:
             return "eager"
         return self.models[name].engine or self.engine
+
+    def linear_of(self, name: str) -> str:
+        """The linear layers' library of model ``name`` as the recipe asks for it: its own ``linear``,
+        else the recipe's; aten for statistical drafters and models on other engines than eager."""
+        if not _source(self.models[name].source).neural or self.engine_of(name) != "eager":
+            return "aten"
+        return self.models[name].linear or self.linear
 
     def reference_model(self, name: str) -> str:
         """The model whose autoregressive output checks ``name``'s lossless cells: itself, or for a model
@@ -415,6 +428,9 @@ def _model_payload(recipe: Recipe, name: str) -> dict:
     del payload["engine"]
     if not payload["engine_options"]:  # recipes from before engines keep their fingerprints
         del payload["engine_options"]
+    del payload["linear"]
+    if recipe.linear_of(name) != "aten":  # as the engine: the default keeps existing fingerprints
+        payload["linear"] = recipe.linear_of(name)
     if recipe.engine_of(name) != "eager":
         payload["engine"] = recipe.engine_of(name)
     if spec.dtype == "auto" and _source(spec.source).dtype_rule is not None:
@@ -537,6 +553,7 @@ def parse_recipe(data: dict, path: str | Path, known_tasks: Collection[str] | No
     recipe._path = path
     for name, model in recipe.models.items():
         _check_options(path, name, model)
+    _check_linear(path, recipe)
     for index, spec in enumerate(recipe.methods):
         _check_method(recipe, index, spec, f"{path}: methods[{index}]")
     _check_every_model_is_used(recipe, path)
@@ -605,6 +622,27 @@ def _check_options(path: Path, name: str, model: ModelSpec) -> None:
             "remove revision (it applies to Hub models)",
         )
     _check_engine_options(path, name, model)
+
+
+def _check_linear(path: Path, recipe: Recipe) -> None:
+    """oneDNN's reordered weights serve the eager engine only: the compiled engine's graphs take the
+    weights as inputs, and a serving engine picks its own kernels. The recipe's ``linear`` applies to
+    its eager models, so it needs one."""
+    neural = [name for name, model in recipe.models.items() if _source(model.source).neural]
+    for name in neural:
+        wanted, engine = recipe.models[name].linear, recipe.engine_of(name)
+        if wanted not in (None, "aten") and engine != "eager":
+            raise SpecbenchError(
+                f"{path}: models.{name}.linear",
+                f"linear: {wanted} applies to the eager engine, and model {name} runs on the {engine} engine",
+                f"set engine: eager on model {name}, or remove its linear",
+            )
+    if recipe.linear != "aten" and not any(recipe.engine_of(name) == "eager" for name in neural):
+        raise SpecbenchError(
+            f"{path}: linear",
+            f"linear: {recipe.linear} applies to models on the eager engine, and this recipe has none",
+            "remove linear, or run a model on engine: eager",
+        )
 
 
 def _check_engine_options(path: Path, name: str, model: ModelSpec) -> None:

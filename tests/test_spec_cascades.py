@@ -173,7 +173,7 @@ def test_forward_counts_and_deferrals(weights):
         assert gen.deferrals == sum(n < d for d, n in gen.steps)
 
 
-@pytest.mark.parametrize("rule", ["chow", "opt", "token", "lossy"])
+@pytest.mark.parametrize("rule", ["chow", "opt", "token", "lossy", "bild"])
 def test_lemma_5_rejection_chance_is_exact_greedily_and_the_sampled_rate_on_average(weights, rule):
     # Narasimhan et al., Lemma 5: a draft from q is rejected with probability D_TV(π, q) (r D_TV(p, q)
     # for the mixtures); greedily both are 0/1 per draft, so the sums agree exactly

@@ -52,9 +52,20 @@ class DraftVocabHead(nn.Module):
         self.register_buffer("weight_t", weight[ids].T.contiguous(), persistent=False)
         self.register_buffer("ids", ids.clone(), persistent=False)
         self.vocab_size = vocab_size
+        self.packed = None  # the rows in oneDNN's layout, once use_onednn ran (specbench.models.linear)
+
+    def use_onednn(self) -> None:
+        from specbench.models import linear
+
+        self.packed = linear.reorder(self.weight_t.T.contiguous())
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        subset = hidden @ self.weight_t
+        if self.packed is None:
+            subset = hidden @ self.weight_t
+        else:
+            from specbench.models import linear
+
+            subset = linear.apply(hidden, self.packed, None, self.ids.shape[0])
         logits = subset.new_full((*subset.shape[:-1], self.vocab_size), float("-inf"))
         return logits.index_copy_(-1, self.ids, subset)
 

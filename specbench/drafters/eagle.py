@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.drafters.heads import draft_vocab_head, read_manifest
+from specbench.drafters.heads import draft_vocab_head, follow_linear, read_manifest
 from specbench.errors import SpecbenchError
 from specbench.models.base import LAST, ForwardCounter, Pass
 from specbench.models.tree import ROOT, TokenTree
@@ -140,7 +140,7 @@ class EagleDrafter:
             new_tokens = tokens[first - prompt :]
         else:
             new_tokens = torch.cat([self._prompt[first:], tokens])
-        features = last.hidden[LAST][accepted].to(self.device, self.fc_dtype)
+        features = last.hidden[LAST][accepted].to(self.device, self.dtype)
         if new_tokens.shape[0] != features.shape[0]:
             raise RuntimeError(
                 f"{self.name}: {features.shape[0]} target features for {new_tokens.shape[0]} new positions"
@@ -178,10 +178,6 @@ class EagleDrafter:
             self._feature_row[node] = first + row
             self._slots[node] = cached + row
         return self.lm_head(out).to(tokens.device)
-
-    @property
-    def fc_dtype(self) -> torch.dtype:
-        return self.head.fc.weight.dtype
 
     def rollback(self, n_tokens: int) -> None:
         pass  # the next root drops the tree entries; committed positions are re-read from the target
@@ -256,4 +252,6 @@ def load(folder: Path, name: str, target, where: str) -> EagleDrafter:
     weight = target.model.get_output_embeddings().weight.detach()
     head = head.to(device=weight.device, dtype=weight.dtype)
     embeddings = target.model.get_input_embeddings()
-    return EagleDrafter(name, head, embeddings, draft_vocab_head(target, manifest), target.name)
+    drafter = EagleDrafter(name, head, embeddings, draft_vocab_head(target, manifest), target.name)
+    follow_linear(target, drafter.head, drafter.lm_head)
+    return drafter

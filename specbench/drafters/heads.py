@@ -20,6 +20,16 @@ def draft_head(lm_head_weight: torch.Tensor, ids: torch.Tensor | None) -> nn.Mod
     return DraftVocabHead(lm_head_weight, ids.to(lm_head_weight.device), vocab)
 
 
+def follow_linear(target, *modules: nn.Module) -> None:
+    """Heads run their linear layers on their target's library (specbench.models.linear): after the
+    drafter has counted its parameters, since oneDNN's reordered copies are none."""
+    if getattr(target, "linear", "aten") == "onednn":
+        from specbench.models.linear import use_onednn
+
+        for module in modules:
+            use_onednn(module)
+
+
 def target_facts(target) -> dict[str, int]:
     """The target's sizes a head's manifest records (and must match to be loaded on it)."""
     config = target.model.config.get_text_config()

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.drafters.heads import draft_vocab_head, read_manifest
+from specbench.drafters.heads import draft_vocab_head, follow_linear, read_manifest
 from specbench.errors import SpecbenchError
 from specbench.models.base import ForwardCounter
 
@@ -129,7 +129,9 @@ def load(folder: Path, name: str, target, where: str) -> MedusaDrafter:
     heads.load_state_dict(load_file(str(folder / HEADS_FILE)))
     weight = target.model.get_output_embeddings().weight.detach()
     heads = heads.to(device=weight.device, dtype=weight.dtype)
-    return MedusaDrafter(name, heads, draft_vocab_head(target, manifest), target.name)
+    drafter = MedusaDrafter(name, heads, draft_vocab_head(target, manifest), target.name)
+    follow_linear(target, drafter.heads, drafter.lm_head)
+    return drafter
 
 
 class HeadsForEngine:

@@ -39,6 +39,8 @@ class HFModel:
         self._cache = None
         self._cached = 0
         self._tree: tuple[int, int] = (0, 0)  # (first position, nodes) of the last scored tree
+        # the linear layers' library (specbench.models.linear; sources set it), and what auto timed
+        self.linear, self.linear_probe = "aten", {}
 
     def eos_token_ids(self) -> list[int]:
         """Every id that ends a generation: the generation config's and the tokenizer's EOS."""

@@ -1,5 +1,6 @@
 """Our decoding loops on both engines against Hugging Face ``generate``, on the same model, prompts
-and k, and against the memory-bandwidth limit, all measured in one process.
+and k, and against the memory-bandwidth limit, all measured in one process. ``onednn`` adds the eager
+engine with oneDNN's linear layers (specbench.models.linear) on copies of both models.
 
 Each prompt runs every method back to back (interleaved, so drift in machine speed hits all of
 them alike) after one untimed warm-up prompt; compiled engines compile every shape before it.
@@ -73,12 +74,18 @@ class BenchResult:
     classes: dict[str, list[str]]  # per compared pair: identical / tie / mismatch per prompt
 
 
+# bench's engines: the recipe engines, and the eager engine with oneDNN's linear layers (linear: onednn)
+BENCH_ENGINES = (*ENGINES, "onednn")
+
+
 def parse_engines(text: str) -> tuple[str, ...]:
     engines = tuple(dict.fromkeys(e.strip() for e in text.split(",") if e.strip()))
-    unknown = [e for e in engines if e not in ENGINES]
+    unknown = [e for e in engines if e not in BENCH_ENGINES]
     if not engines or unknown:
         raise SpecbenchError(
-            "--engine", f"unknown engine {', '.join(unknown) or text!r}", "use eager, compiled or both"
+            "--engine",
+            f"unknown engine {', '.join(unknown) or text!r}",
+            f"use {', '.join(BENCH_ENGINES)}, comma-separated",
         )
     return engines
 
@@ -132,6 +139,18 @@ def run_bench(
     if "eager" in engines:
         methods.update(_methods("ours eager", target, draft_model, lookup, k, max_new_tokens, eos))
         methods.update(_hf_methods(target, draft_model, k, max_new_tokens, eos))
+    if "onednn" in engines:  # copies of both models whose linear layers run on oneDNN
+        with console.status("loading copies with oneDNN's linear layers"):
+            onednn = [
+                sources.load(
+                    sources.ModelRequest(name, source, dtype, device, options=_items(opts), linear="onednn")
+                )
+                for name, source, opts in (
+                    ("target", target_source, target_options),
+                    ("drafter", drafter_source, drafter_options or {}),
+                )
+            ]
+        methods.update(_methods("ours onednn", *onednn, lookup, k, max_new_tokens, eos))
     if "compiled" in engines:
         fast_target = CompiledHFModel(target.model, "target", target.tokenizer)
         fast_drafter = CompiledHFModel(draft_model.model, "drafter", draft_model.tokenizer)
@@ -166,6 +185,8 @@ def run_bench(
         (f"ours compiled: SD k={k}", "ours compiled: AR"),
         (f"ours compiled: SD prompt-lookup k={k}", "ours compiled: AR"),
         (f"ours eager: SD k={k}", "ours eager: AR"),
+        ("ours onednn: AR", "ours eager: AR"),
+        (f"ours onednn: SD k={k}", "ours onednn: AR"),
     ):
         if ours in tallies and reference in tallies:
             classes[f"{ours} vs {reference}"] = _classes(
@@ -364,6 +385,15 @@ def print_bench(result: BenchResult, console: Console) -> dict[str, float]:
             f"ours eager: SD prompt-lookup k={k}",
         ),
         (f"eager SD k={k} vs eager AR", "ours eager: AR", f"ours eager: SD k={k}"),
+        ("oneDNN AR vs our eager AR", "ours eager: AR", "ours onednn: AR"),
+        ("oneDNN AR vs compiled AR", "ours compiled: AR", "ours onednn: AR"),
+        (f"oneDNN SD k={k} vs oneDNN AR", "ours onednn: AR", f"ours onednn: SD k={k}"),
+        (f"oneDNN SD k={k} vs compiled AR", "ours compiled: AR", f"ours onednn: SD k={k}"),
+        (
+            "oneDNN SD prompt-lookup vs oneDNN AR",
+            "ours onednn: AR",
+            f"ours onednn: SD prompt-lookup k={k}",
+        ),
     )
     for label, theirs, ours in pairs:
         if theirs in tallies and ours in tallies:

@@ -81,6 +81,7 @@ def write_environment(
                     "device_map": _device_map(m),
                     "dtype_reason": getattr(m, "dtype_reason", None),  # why dtype: auto chose it
                     "engine": recipe.engine_of(name),
+                    **_linear(m),
                     **({"serving": m.describe()} if hasattr(m, "describe") else {}),
                 }
                 for name, m in models.items()
@@ -139,6 +140,13 @@ def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _linear(model) -> dict:
+    """The eager engine's linear layers' library, and what ``linear: auto`` timed to choose it."""
+    if not hasattr(model, "linear"):
+        return {}
+    return {"linear": model.linear, "linear_probe_ms": model.linear_probe}
 
 
 def _dtype_of(model) -> str | None:

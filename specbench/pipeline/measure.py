@@ -57,7 +57,7 @@ def _hash(*parts: str) -> str:
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:16]
 
 
-def model_request(recipe: Recipe, name: str) -> sources.ModelRequest:
+def model_request(recipe: Recipe, name: str, linear: str | None = None) -> sources.ModelRequest:
     spec = recipe.models[name]
     options = dict(spec.options or {})
     bigram = options.get("bigram")
@@ -73,6 +73,7 @@ def model_request(recipe: Recipe, name: str) -> sources.ModelRequest:
         options,
         recipe.engine_of(name),
         tuple(sorted(spec.engine_options.items())),
+        linear or recipe.linear_of(name),  # a resume's: the library its first session chose
     )
 
 
@@ -116,9 +117,9 @@ class Measurer:
         self.compile_pending: dict[str, float] = {}  # compile seconds not yet in a row, by cell id
         self.cache_pending: dict[str, Counter] = {}  # what inductor's cache did for them, by cell id
         self.machine = this_machine()  # rows name the machine that timed them
-        # rows of a machine other than their directory's first carry its id in their keys
-        # (``run --allow-other-machine``), so the two machines' rows never stand for each other
+        # another machine's rows than the directory's first carry its id in keys (--allow-other-machine)
         self.key_scope: str | None = None
+        self.linear_kept: dict[str, str] = {}  # linear: auto resumed: its first session's (runner.py)
 
     def recorded(self, key: str) -> dict | None:
         """The recorded row of ``key``, if any (AR rows: what replay and the lossless check read)."""
@@ -130,7 +131,7 @@ class Measurer:
         if name not in self.models:
             with self.console.status(f"loading model {name} ({self.recipe.models[name].source})"):
                 with self._blame(f"models.{name}"):
-                    request = model_request(self.recipe, name)
+                    request = model_request(self.recipe, name, self.linear_kept.get(name))
                     loaded = sources.load(request, self.model)
                     if isinstance(loaded, sources.Served):  # the engine's process loads the weights
                         loaded = BACKENDS[request.engine].open(request, loaded)

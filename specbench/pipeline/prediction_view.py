@@ -92,10 +92,11 @@ def _environment(run_dir: Path) -> dict:
 
 def model_setups(environment: dict) -> str:
     """The run's models as "dtype engine" pairs, those with weights and a recorded dtype (the heads of
-    older runs recorded none)."""
+    older runs recorded none); "eager oneDNN" where the linear layers ran on oneDNN (models/linear.py)."""
     models = environment.get("models") or {}
     setups = {
         f"{str(m.get('dtype')).removeprefix('torch.')} {m.get('engine') or 'eager'}"
+        + (" oneDNN" if m.get("linear") == "onednn" else "")
         for m in models.values()
         if m.get("parameters") and m.get("dtype")
     }

@@ -279,6 +279,21 @@ class Runner(Measurer):
                     f"on the {will[1]} engine on {here.describe()}",
                     fix,
                 )
+            self._keep_linear(name, before, fix)
+
+    def _keep_linear(self, name: str, before: dict, fix: str) -> None:
+        """A resumed run keeps its linear layers' library (specbench.models.linear): ``auto`` takes
+        the one the first session chose (a near tie must not flip it between sessions), and a recipe
+        that names another is refused. Runs from before the choice existed ran on aten."""
+        was, wanted = before.get("linear") or "aten", self.recipe.linear_of(name)
+        if wanted == "auto":
+            self.linear_kept[name] = was
+        elif wanted != was:
+            raise SpecbenchError(
+                f"{self.output_dir}: model {name}",
+                f"was measured with linear: {was}; this recipe runs it with linear: {wanted}",
+                fix,
+            )
 
     def _check_same_recipe(self, environment: dict) -> None:
         """A run directory belongs to the recipe that started it: a resume with another one (a cell,

@@ -42,6 +42,7 @@ class ModelRequest:
     # or "compiled" (specbench.models.compiled), or a serving engine (specbench.engines)
     engine: str = "eager"
     engine_options: tuple = ()  # sorted (key, value) pairs of a serving engine's options
+    linear: str = "aten"  # the eager engine's linear layers: aten, onednn or auto (specbench.models.linear)
 
     @property
     def opts(self) -> dict:
@@ -279,12 +280,29 @@ def _out_of_memory(request: ModelRequest, error: BaseException) -> SpecbenchErro
     )
 
 
+def _with_linear(model: HFModel, request: ModelRequest) -> HFModel:
+    """The eager model with the linear layers' library it asked for (specbench.models.linear), recorded
+    as ``model.linear`` (and ``model.linear_probe``: what ``auto`` timed). Swapped after HFModel has
+    counted the parameters (oneDNN's reordered copies are not parameters)."""
+    from specbench.models import linear
+
+    if request.linear == "onednn" and not linear.can_use_onednn(model.model):
+        raise SpecbenchError(
+            f"models.{request.name}.linear",
+            f"oneDNN serves float32 and bfloat16 models on the CPU of a torch built with it; {request.name} "
+            f"is {next(model.model.parameters()).dtype} on {model.device}",
+            "use linear: auto (oneDNN where it serves and is faster) or aten",
+        )
+    model.linear, model.linear_probe = linear.resolve(model.model, request.linear)
+    return model
+
+
 def wrap(request: ModelRequest, module, tokenizer) -> HFModel:
     """A loaded module behind the interface of the request's engine."""
     from specbench.models.hf import HFModel
 
     if request.engine == "eager":
-        return HFModel(module, request.name, tokenizer)
+        return _with_linear(HFModel(module, request.name, tokenizer), request)
     from specbench.models.compiled import CompiledHFModel
 
     if module.config.is_encoder_decoder:
