@@ -1,13 +1,14 @@
 """Which library runs a CPU model's linear layers: ATen's default (``aten``: ``F.linear``, which for float32
 calls MKL's sgemm) or oneDNN with the weight reordered once into its blocked layout (``onednn``).
 
-On a 2-core AMD EPYC (family 26, AVX512-BF16) SmolLM2-135M's eager float32 pass took 39.0 ms over one
-token and 65.2 ms over nine with ATen, 22.2 and 27.7 ms with oneDNN's reordered weights; in bfloat16
-21.5 and 23.9 against 17.7 and 20.4 ms (``results/bench/cpu_linear_by_tokens.py``). MKL's sgemm
-dispatches by CPU vendor; oneDNN by instruction set. A verification pass over k + 1 tokens (or a
-tree) is worth its acceptance only where it costs little more than a one-token pass, so this decides
-speculative decoding's walltime on such machines. Which one is faster is measured, never assumed:
-``auto`` times both on the model's own layer shapes at load (:func:`fastest`).
+On a 2-core AMD EPYC (family 26, AVX512-BF16) SmolLM2-135M's eager float32 pass took 40.0 ms over one
+token and 67.0 ms over nine with ATen, 23.2 and 30.2 ms with oneDNN's reordered weights; in bfloat16
+24.6 and 28.9 against 16.7 and 21.8 ms (``results/bench/cpu_linear_by_tokens.py``; its output for that
+machine is committed beside it). A verification pass over k + 1 tokens (or a tree) is worth its
+acceptance only where it costs little more than a one-token pass, so this decides speculative
+decoding's walltime on such machines. Which one is faster depends on the CPU (MKL takes its fast paths
+on Intel's), so it is measured, never assumed: ``auto`` times both on the model's own layers at load
+(:func:`fastest`).
 
 Only the eager engine swaps its layers (the compiled engine's graphs take the weights as inputs, and
 oneDNN's reordered weight is an opaque tensor a graph cannot take). Numerics: both compute in the
