@@ -192,6 +192,10 @@ def test_bench_times_the_onednn_copies_beside_the_eager_engine():
     with pytest.raises(SpecbenchError, match="unknown engine 'mkl'.*use eager, compiled, onednn"):
         parse_engines("eager,mkl")
     console = Console(file=open("/dev/null", "w"), width=160)  # noqa: SIM115
+    with pytest.raises(
+        SpecbenchError, match=r"--engine: onednn serves float32 and bfloat16 models on the CPU"
+    ):
+        run_bench("tiny-llama", "same", 2, 1, 6, "float64", "cpu", "arithmetic", console, engines=("onednn",))
     engines = parse_engines("eager,onednn")
     result = run_bench(
         "tiny-llama", "same", 2, 1, 6, "float32", "cpu", "arithmetic", console, engines=engines

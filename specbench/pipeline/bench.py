@@ -30,6 +30,7 @@ from specbench.drafters.maxgram import MaxGramDrafter
 from specbench.errors import SpecbenchError
 from specbench.models.base import ModelDrafter
 from specbench.models.compiled import ENGINES, CompiledHFModel
+from specbench.models.linear import can_use_onednn
 from specbench.models.sampling import SamplingParams
 from specbench.pipeline.numerics import divergence_fields
 from specbench.pipeline.rows import divergence
@@ -140,6 +141,13 @@ def run_bench(
         methods.update(_methods("ours eager", target, draft_model, lookup, k, max_new_tokens, eos))
         methods.update(_hf_methods(target, draft_model, k, max_new_tokens, eos))
     if "onednn" in engines:  # copies of both models whose linear layers run on oneDNN
+        if not can_use_onednn(target.model):
+            raise SpecbenchError(
+                "--engine",
+                f"onednn serves float32 and bfloat16 models on the CPU; the target is "
+                f"{next(target.model.parameters()).dtype} on {target.device}",
+                "drop onednn, or pass --device cpu and --dtype float32 or bfloat16",
+            )
         with console.status("loading copies with oneDNN's linear layers"):
             onednn = [
                 sources.load(
