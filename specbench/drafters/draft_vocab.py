@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specbench.models import linear
+
 DRAFT_VOCAB_FILE = "draft_vocab.json"
 
 
@@ -55,16 +57,12 @@ class DraftVocabHead(nn.Module):
         self.packed = None  # the rows in oneDNN's layout, once use_onednn ran (specbench.models.linear)
 
     def use_onednn(self) -> None:
-        from specbench.models import linear
-
         self.packed = linear.reorder(self.weight_t.T.contiguous())
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
             subset = hidden @ self.weight_t
         else:
-            from specbench.models import linear
-
             subset = linear.apply(hidden, self.packed, None, self.ids.shape[0])
         logits = subset.new_full((*subset.shape[:-1], self.vocab_size), float("-inf"))
         return logits.index_copy_(-1, self.ids, subset)

@@ -11,6 +11,7 @@ from torch import nn
 
 from specbench.drafters.draft_vocab import DraftVocabHead
 from specbench.errors import SpecbenchError
+from specbench.models.linear import use_onednn
 
 
 def draft_head(lm_head_weight: torch.Tensor, ids: torch.Tensor | None) -> nn.Module:
@@ -24,8 +25,6 @@ def follow_linear(target, *modules: nn.Module) -> None:
     """Heads run their linear layers on their target's library (specbench.models.linear): after the
     drafter has counted its parameters, since oneDNN's reordered copies are none."""
     if getattr(target, "linear", "aten") == "onednn":
-        from specbench.models.linear import use_onednn
-
         for module in modules:
             use_onednn(module)
 
