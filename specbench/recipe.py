@@ -258,6 +258,14 @@ class Recipe(_Strict):
     methods: list[MethodSpec] = Field(min_length=1)
     # Private, so it is neither a recipe key nor part of dumps, equality or fingerprints.
     _path: Path = PrivateAttr(default=Path("<recipe>"))
+    # model -> the dtype its ``dtype: auto`` resolved to where a run measured it (pin_auto_dtypes)
+    _auto_dtypes: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def pin_auto_dtypes(self, recorded: dict[str, str]) -> None:
+        """Resolve ``dtype: auto`` as the machine that ran a directory did (``recorded``: model ->
+        dtype name, from its environment.json), not as this one would: re-keying another machine's
+        rows (``specbench check``) must not depend on whether this CPU computes bfloat16 fast."""
+        self._auto_dtypes = dict(recorded)
 
     @property
     def path(self) -> Path:
@@ -301,6 +309,8 @@ class Recipe(_Strict):
         spec = self.models[name]
         if not _source(spec.source).neural:
             return None
+        if spec.dtype == "auto" and name in self._auto_dtypes:
+            return self._auto_dtypes[name]
         from specbench.models.devices import resolve_device
         from specbench.sources import dtype_choice
 

@@ -33,13 +33,15 @@ from specbench.training.teacher import Sequence
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def random_head(target: HFModel, seed: int, vocab: torch.Tensor | None = None) -> eagle.EagleDrafter:
+def random_head(
+    target: HFModel, seed: int, vocab: torch.Tensor | None = None, static: bool = False
+) -> eagle.EagleDrafter:
     torch.manual_seed(seed)
     module = eagle.EagleHead.for_target(target.model)
     weight = target.model.get_output_embeddings().weight.detach()
     module = module.to(weight.dtype)
     embeddings = target.model.get_input_embeddings()
-    return eagle.EagleDrafter("head", module, embeddings, draft_head(weight, vocab), target.name)
+    return eagle.EagleDrafter("head", module, embeddings, draft_head(weight, vocab), target.name, static)
 
 
 class Recording:
@@ -87,13 +89,19 @@ def from_scratch(drafter: eagle.EagleDrafter, target_weights, prompt, tokens, pa
         return drafter.lm_head(out[-1:])[0]
 
 
+# static: the GPU's fixed-shape passes over a static cache (head_graphs.py; padded rows, a scratch
+# slot, a cache that grows), run uncaptured on the CPU
+@pytest.mark.parametrize("static", [False, True])
 @pytest.mark.parametrize("shape", [(1, 1, 1, 1), (3, 2, 2, 6)])
-def test_incremental_drafting_is_the_heads_forward_from_scratch(shape, tiny_model):
+def test_incremental_drafting_is_the_heads_forward_from_scratch(shape, static, tiny_model, monkeypatch):
+    from specbench.drafters import head_graphs
+
+    monkeypatch.setattr(head_graphs, "CAPACITY_STEP", 8)  # the static cache grows (and is copied) often
     depth, branch, frontier, nodes = shape
     weights = tiny_model("tiny-llama", 2, vocab_size=12, init_std=0.3).double()
     prompt = torch.tensor([3, 4, 5, 2, 7])
     target = HFModel(weights, "t")
-    drafter = Recording(random_head(target, 2))
+    drafter = Recording(random_head(target, 2, static=static))
     out = tree_speculative.generate(
         target, drafter, prompt, depth=depth, branch=branch, frontier=frontier, nodes=nodes, max_new_tokens=14
     )
@@ -111,11 +119,32 @@ def test_incremental_drafting_is_the_heads_forward_from_scratch(shape, tiny_mode
                 torch.testing.assert_close(logits[row], want, rtol=1e-9, atol=1e-9)
         checked += 1
     assert checked >= len(out.steps) - 1
+    if static:
+        assert drafter.inner._passes.capacity >= 8 * 3  # grown twice past the prompt
 
 
-@pytest.mark.parametrize("engine", ["eager", "compiled"])
+def test_a_static_passs_padded_rows_touch_only_the_scratch_slot(tiny_model):
+    from specbench.drafters import head_graphs
+
+    assert [head_graphs.bucket(n) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 16]
+    weights = tiny_model("tiny-llama", 2, vocab_size=12, init_std=0.3).double()
+    drafter = random_head(HFModel(weights, "t"), 2, static=True)
+    passes = drafter._passes
+    features = torch.randn(3, weights.config.hidden_size, dtype=torch.float64)
+    seen = torch.ones(3, 3, dtype=torch.bool).tril()
+    out, logits = passes.run(torch.tensor([1, 2, 3]), features, torch.arange(3), seen, 0)
+    assert out.shape[0] == logits.shape[0] == 3  # 3 rows, run as 4
+    keys = passes._keys[0].clone()
+    assert (keys[:, :3] != 0).any() and not (keys[:, 3:-1] != 0).any()  # the padded row: the last slot
+    again, _ = passes.run(torch.tensor([1, 2, 3]), features, torch.arange(3), seen, 0)
+    torch.testing.assert_close(again, out, rtol=0, atol=0)  # rewriting the same slots changes nothing
+
+
+@pytest.mark.parametrize(
+    "engine, static", [("eager", False), ("compiled", False), ("eager", True), ("compiled", True)]
+)
 @pytest.mark.parametrize("shape", [(1, 1, 1, 1), (4, 1, 1, 4), (4, 3, 2, 10)])
-def test_eagle_greedy_is_the_target_greedy_output(engine, shape, tiny_model):
+def test_eagle_greedy_is_the_target_greedy_output(engine, static, shape, tiny_model):
     depth, branch, frontier, nodes = shape
     weights = tiny_model("tiny-llama", 3, vocab_size=16, init_std=0.3)
     prompt = torch.tensor([3, 4, 5, 2, 9, 1])
@@ -123,7 +152,7 @@ def test_eagle_greedy_is_the_target_greedy_output(engine, shape, tiny_model):
     target = HFModel(weights, "t") if engine == "eager" else CompiledHFModel(weights, "t", quick=True)
     if engine == "compiled":
         target.prepare(64, hidden=True, tree_sizes=(nodes,))
-    drafter = random_head(HFModel(weights, "t"), 3)
+    drafter = random_head(HFModel(weights, "t"), 3, static=static)
     out = tree_speculative.generate(
         target, drafter, prompt, depth=depth, branch=branch, frontier=frontier, nodes=nodes, max_new_tokens=30
     )
@@ -247,6 +276,16 @@ def write_head(cache, target_weights, source: str = "tiny-llama", **manifest) ->
     eagle.save(cache / "drafters" / source / "eagle", head, fields | manifest)
 
 
+def cached_head(tmp_path, monkeypatch):
+    """A float64 tiny target (vocabulary 300) and a random EAGLE head for it in a fresh specbench cache."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    target = sources.load(
+        sources.ModelRequest("target", "tiny-llama", "float64", "cpu", options=(("vocab_size", 300),))
+    )
+    write_head(tmp_path / "cache", target.model)
+    return target
+
+
 def recipe(method: str = "eagle", drafter: str = "head", engine: str = "eager") -> dict:
     return {
         "name": "eagle",
@@ -273,11 +312,7 @@ def run(tmp_path, data: dict, out: str = "out"):
 
 @pytest.mark.parametrize("engine", ["eager", "compiled"])
 def test_an_eagle_recipe_runs_lossless(tmp_path, monkeypatch, tiny_model, engine):
-    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
-    target = sources.load(
-        sources.ModelRequest("target", "tiny-llama", "float64", "cpu", options=(("vocab_size", 300),))
-    )
-    write_head(tmp_path / "cache", target.model)
+    cached_head(tmp_path, monkeypatch)
     data = recipe(engine=engine)
     data["models"].pop("medusa")
     result = run(tmp_path, data)
@@ -300,11 +335,7 @@ def test_an_eagle_recipe_runs_lossless(tmp_path, monkeypatch, tiny_model, engine
 def test_heads_of_the_wrong_kind_or_target_are_refused_before_the_first_row(
     tmp_path, monkeypatch, tiny_model
 ):
-    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
-    target = sources.load(
-        sources.ModelRequest("target", "tiny-llama", "float64", "cpu", options=(("vocab_size", 300),))
-    )
-    write_head(tmp_path / "cache", target.model)
+    target = cached_head(tmp_path, monkeypatch)
     from test_medusa import write_heads
 
     write_heads(tmp_path / "cache", "tiny-llama", 32, 300)
@@ -330,11 +361,7 @@ def test_heads_of_the_wrong_kind_or_target_are_refused_before_the_first_row(
 
 
 def test_plan_prices_an_eagle_cell_with_its_heads_own_size(tmp_path, monkeypatch, tiny_model):
-    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
-    target = sources.load(
-        sources.ModelRequest("target", "tiny-llama", "float64", "cpu", options=(("vocab_size", 300),))
-    )
-    write_head(tmp_path / "cache", target.model)
+    target = cached_head(tmp_path, monkeypatch)
     data = recipe()
     data["models"].pop("medusa")
     path = tmp_path / "plan.yaml"
@@ -347,3 +374,88 @@ def test_plan_prices_an_eagle_cell_with_its_heads_own_size(tmp_path, monkeypatch
     head = next(m for m in plan["models"] if m["name"] == "head")
     own = sum(p.numel() for p in eagle.EagleHead.for_target(target.model).parameters())
     assert head["params"] == own and head["shares"] == "target"
+
+
+def test_the_cuda_graphs_option_reaches_the_head_and_takes_only_true_or_false(
+    tmp_path, monkeypatch, tiny_model
+):
+    target = cached_head(tmp_path, monkeypatch)
+    loaded = {}
+    real = eagle.load
+
+    def spy(*args, **kwargs):
+        drafter = real(*args, **kwargs)
+        loaded[kwargs.get("cuda_graphs", "default")] = drafter.static
+        return drafter
+
+    monkeypatch.setattr(eagle, "load", spy)
+    for value in (False, None):
+        options = (("of", "target"),) + ((("cuda_graphs", value),) if value is not None else ())
+        sources.load(
+            sources.ModelRequest("head", "eagle:tiny-llama/eagle", options=options), {"target": target}.get
+        )
+    assert loaded == {False: False, "default": False}  # on a CPU the default runs the growing cache too
+    data = recipe()
+    data["models"].pop("medusa")
+    data["models"]["head"]["options"]["cuda_graphs"] = "yes"
+    result = run(tmp_path, data, "bad")
+    assert result.exit_code == 2 and "cuda_graphs 'yes' is not true or false" in result.output
+
+
+@pytest.mark.parametrize("nodes", [3, 6, 12])
+def test_a_greedy_tree_stops_drafting_once_no_deeper_node_can_be_kept(nodes, tiny_model, monkeypatch):
+    """The early stop (no deeper node can outrank the ``nodes`` kept: path probabilities only fall)
+    drafts the very tree of drafting every level, with fewer head passes."""
+    weights = tiny_model("tiny-llama", 3, vocab_size=64, init_std=0.3)
+    prompt = torch.tensor([3, 4, 5, 2, 9, 1])
+    drafting = tree_speculative.draft_tree
+    runs = {}
+    for stop_early in (False, True):
+        trees = []
+
+        def draft(*args, stop_early=stop_early, trees=trees, **kwargs):
+            trees.append(drafting(*args, stop_early=stop_early, **kwargs))
+            return trees[-1]
+
+        monkeypatch.setattr(tree_speculative, "draft_tree", draft)
+        drafter = random_head(HFModel(weights, "t"), 5)
+        out = tree_speculative.generate(
+            HFModel(weights, "t"),
+            drafter,
+            prompt,
+            depth=6,
+            branch=3,
+            frontier=2,
+            nodes=nodes,
+            max_new_tokens=40,
+        )
+        runs[stop_early] = (out.forwards["head"]["forward_passes"], trees, out.tokens)
+    (full, reference, tokens), (pruned, stopped, same) = runs[False], runs[True]
+    assert len(reference) == len(stopped) > 5 and tokens == same
+    for a, b in zip(reference, stopped, strict=True):
+        assert a.tokens.tolist() == b.tokens.tolist() and a.parents == b.parents
+    assert pruned < full, (pruned, full)  # an untrained head's trees settle early: 71 / 201 passes at 3 nodes
+
+
+def test_the_static_passes_compute_the_same_under_either_attention_implementation(tiny_model):
+    """The static mask is additive: transformers' eager attention adds the mask it is given (a boolean
+    one would add 0 or 1), SDPA takes either."""
+    from specbench.drafters import head_graphs
+
+    weights = tiny_model("tiny-llama", 2, vocab_size=12, init_std=0.3).double()
+    features = torch.randn(
+        3, weights.config.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(0)
+    )
+    seen = torch.ones(3, 3, dtype=torch.bool).tril()
+    seen[2, 0] = False  # a row that must not see an earlier slot
+    outs = []
+    for attention in ("sdpa", "eager"):
+        drafter = random_head(HFModel(weights, "t"), 2)
+        passes = head_graphs.StaticHeadPasses(
+            drafter.head, drafter.embeddings, drafter.lm_head, graphs=True, attention=attention
+        )
+        with torch.inference_mode():
+            outs.append(passes.run(torch.tensor([1, 2, 3]), features, torch.arange(3), seen, 0))
+    # transformers' eager attention takes its softmax in float32
+    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(outs[0][1], outs[1][1], rtol=1e-5, atol=1e-6)

@@ -31,6 +31,8 @@ def _recipe(tmp_path: Path, text: str):
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_a_reordered_layer_computes_what_the_layer_computes(dtype, tolerance, bias):
+    if not linear.reorders(dtype):
+        pytest.skip(f"this CPU's oneDNN does not reorder {dtype} weights (an AVX2-only CPU)")
     torch.manual_seed(0)
     layer = nn.Linear(96, 200, bias=bias).to(dtype)
     swapped = linear.OneDNNLinear(layer)
@@ -113,6 +115,29 @@ def test_onednn_on_another_engine_is_a_one_line_error(tmp_path):
         SpecbenchError, match=r"recipe\.yaml: linear: linear: auto applies to models on the eager"
     ):
         _recipe(tmp_path, everything_compiled)
+
+
+def test_a_cpu_whose_onednn_refuses_bfloat16_runs_it_on_aten_and_names_the_field(monkeypatch):
+    # what torch 2.13's oneDNN says on an AVX2-only AMD EPYC (family 25) for a bfloat16 weight
+    def refuse(weight):
+        if weight.dtype == torch.bfloat16:
+            raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert")
+        return torch.ops.mkldnn._reorder_linear_weight(weight, 4)
+
+    monkeypatch.setattr(linear, "reorder", refuse)
+    linear.reorders.cache_clear()
+    try:
+        assert linear.reorders(torch.float32) and not linear.reorders(torch.bfloat16)
+        half = _tiny(torch.bfloat16)
+        assert not linear.can_use_onednn(half)
+        assert linear.resolve(half, "auto") == ("aten", {})  # auto: no probe, no traceback
+        request = sources.ModelRequest("target", "tiny-llama", "bfloat16", "cpu", linear="onednn")
+        with pytest.raises(
+            SpecbenchError, match=r"models\.target\.linear: .*bfloat16 where the CPU has AVX512"
+        ):
+            sources.load(request)
+    finally:
+        linear.reorders.cache_clear()
 
 
 def test_loading_onednn_where_it_cannot_serve_names_the_field():

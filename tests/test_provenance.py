@@ -124,3 +124,26 @@ def test_checking_a_run_leaves_this_process_threads_as_they_were(tiny_run: Path)
         assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_run_keyed_on_a_bfloat16_machine_is_current_when_checked_on_another(tmp_path, monkeypatch):
+    """``dtype: auto`` enters a row's key as the dtype it resolved to; re-keying the rows must resolve it
+    as the run's machine did (environment.json), not as the checking CPU would (AVX2-only: float32)."""
+    from specbench import sources
+    from specbench.models import devices
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(TWO_CELL_RECIPE.replace("dtype: float64", "dtype: auto"))
+    out = tmp_path / "run"
+    plain = devices.dtype_choice
+
+    def bfloat16_machine(rule, dtype, device):
+        return ("bfloat16", "auto: this CPU has AMX") if dtype == "auto" else plain(rule, dtype, device)
+
+    with monkeypatch.context() as patched:  # the run's machine: auto is bfloat16 there
+        patched.setattr(devices, "dtype_choice", bfloat16_machine)
+        assert runner.invoke(app, ["run", str(recipe), "--output-dir", str(out)]).exit_code == 0
+    env = json.loads((out / "environment.json").read_text())
+    assert env["models"]["target"]["dtype"] == "torch.bfloat16"
+    assert sources.dtype_choice("auto", "cpu", "tiny-llama")[0] == "float32"  # this machine's answer
+    assert check_run(out).problems == []

@@ -7,9 +7,11 @@ in ONE forward pass under tree attention, and the longest accepted path plus one
   (the product of the draft probabilities along the path, EAGLE-2's "value", Li et al., EMNLP 2024)
   are expanded next. Greedy: a node's children are its ``branch`` most probable tokens, and at the end
   the ``nodes`` most probable nodes are kept (EAGLE-2's reranking; the kept set holds every ancestor of
-  a kept node). Sampled: the children are drawn *without replacement* from the drafter's distribution
-  (Gumbel top-k, in draw order) and no node is dropped afterwards, which is what the sampled rule
-  below needs to be exact.
+  a kept node). A child's path probability is at most its parent's, so once the best node to expand
+  scores below the ``nodes``-th best node drafted, no deeper node can be kept and drafting stops: the
+  same tree, without the drafter passes whose nodes the reranking would drop. Sampled: the children
+  are drawn *without replacement* from the drafter's distribution (Gumbel top-k, in draw order) and
+  no node is dropped afterwards, which is what the sampled rule below needs to be exact.
 * **Greedy verification** (:func:`verify_greedy`): from the root, follow the child whose token is the
   target's greedy choice while one exists; the target's choice after the last followed node is the
   bonus. The output is the target's greedy output token for token.
@@ -76,13 +78,15 @@ def draft_tree(
     nodes: int,
     sampling: SamplingParams,
     generator: torch.Generator | None,
+    stop_early: bool = True,
 ) -> TokenTree:
     """A draft tree of at most ``depth`` levels continuing the committed ``tokens`` (module docstring).
 
     ``drafter`` gives the next-token logits at the root (``root``: from the committed tokens, or from
     the target's ``last`` pass, whose hidden-state rows ``accepted`` are those of the positions it
     committed) and at the nodes it expands (``level``); None from ``root`` means it has nothing to
-    draft from yet (an empty tree)."""
+    draft from yet (an empty tree). ``stop_early=False`` drafts every level even where no deeper node
+    can be kept (the same tree; the tests' reference)."""
     device = tokens.device
     empty = TokenTree(tokens[:0], ())
     root = drafter.root(tokens, last, accepted) if depth > 0 else None
@@ -124,8 +128,15 @@ def draft_tree(
         if level == depth - 1 or not children:
             break
         ranked = scores.topk(min(frontier, len(children))).indices
-        expand = [first + i for i in ranked.tolist()]
         path_probability = scores[ranked]
+        if (
+            stop_early
+            and sampling.greedy
+            and len(parents) >= nodes
+            and bool(path_probability[0] < torch.cat(level_scores).topk(nodes).values[-1])
+        ):
+            break  # every deeper node scores below the nodes kept already: the same tree, fewer passes
+        expand = [first + i for i in ranked.tolist()]
         tree = TokenTree(torch.cat(level_tokens), tuple(parents))
         rows = sampling.probs(drafter.level(tokens, level + 1, tree, expand))
     if not parents:
@@ -354,5 +365,7 @@ METHODS = (
         no_replay="the target scores token trees, which a replay of its output cannot",
         draft_lengths=lambda params: (),
         tree_sizes=tree_sizes,
+        # 2: a greedy tree stops drafting once no deeper node can be kept (the same trees, fewer passes)
+        revision=2,
     ),
 )

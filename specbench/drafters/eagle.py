@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specbench.drafters.head_graphs import StaticHeadPasses
 from specbench.drafters.heads import draft_vocab_head, follow_linear, read_manifest
 from specbench.errors import SpecbenchError
 from specbench.models.base import LAST, ForwardCounter, Pass
@@ -94,7 +95,13 @@ class EagleDrafter:
     fed_hidden = True  # the prefill's features too: the head reads every committed position once
 
     def __init__(
-        self, name: str, head: EagleHead, embeddings: nn.Module, lm_head: nn.Module, target_name: str
+        self,
+        name: str,
+        head: EagleHead,
+        embeddings: nn.Module,
+        lm_head: nn.Module,
+        target_name: str,
+        static: bool | None = None,
     ):
         self.name = name
         self.head = head.eval()
@@ -104,6 +111,11 @@ class EagleDrafter:
         self.num_parameters = sum(p.numel() for p in head.parameters())
         self.device = next(head.parameters()).device
         self.dtype = next(head.parameters()).dtype  # the target's: the heads read its features
+        # on a GPU the passes run at fixed shapes over a static cache, replayed as CUDA graphs
+        # (head_graphs.py); elsewhere over a growing cache (``static=True`` runs the fixed shapes
+        # uncaptured, as the tests check them)
+        self.static = self.device.type == "cuda" if static is None else static
+        self._passes = StaticHeadPasses(head, embeddings, lm_head, graphs=True) if self.static else None
 
     def start(self, prompt_ids: torch.Tensor) -> None:
         from transformers import DynamicCache
@@ -111,18 +123,30 @@ class EagleDrafter:
         self.counter.reset()
         self._prompt = prompt_ids.to(self.device)
         self._cache = DynamicCache()
+        self._used = 0  # cache slots written: the committed pairs, then this step's tree entries
         self._pairs = 0  # committed positions t whose (x_{t+1}, f_t) the cache holds
         # the predicted features of the tree's nodes (ROOT's first), one row each, and each node's row
         self._features: torch.Tensor | None = None
         self._feature_row: dict[int, int] = {}
         self._slots: dict[int, int] = {}  # expanded tree node -> its cache entry
 
-    def _pass(self, tokens, features, positions, mask) -> torch.Tensor:
-        cached = self._cache.get_seq_length()
+    def _pass(
+        self, tokens, features, positions, seen: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(predicted features, their logits where the static passes computed them) of ``tokens``
+        written at the next slots, each row attending to the slots ``seen`` marks (host bool
+        ``[rows, slots used + rows]``)."""
+        first = self._used
         started = self.counter.begin(self.device)
-        out = self.head(self.embeddings(tokens[None]), features[None], positions[None], mask, self._cache)
-        self.counter.end(started, tokens.shape[0], self.device, context=cached)
-        return out[0]
+        if self._passes is not None:
+            out, logits = self._passes.run(tokens, features, positions, seen, first)
+        else:
+            mask = seen.to(self.device)[None, None]
+            out = self.head(self.embeddings(tokens[None]), features[None], positions[None], mask, self._cache)
+            out, logits = out[0], None  # the LM head runs on the rows the caller needs
+        self.counter.end(started, tokens.shape[0], self.device, context=first)
+        self._used = first + tokens.shape[0]
+        return out, logits
 
     @torch.inference_mode()
     def root(self, tokens: torch.Tensor, last: Pass | None, accepted: list[int]) -> torch.Tensor | None:
@@ -130,9 +154,10 @@ class EagleDrafter:
         ``last``'s features at the positions committed since the head's last read."""
         if last is None:
             return None
-        held = self._cache.get_seq_length()
-        if held > self._pairs:
-            self._cache.crop(self._pairs - held)  # the previous step's tree entries
+        if self._used > self._pairs:  # the previous step's tree entries
+            if self._passes is None:
+                self._cache.crop(self._pairs - self._used)
+            self._used = self._pairs
         first = self._pairs + 1  # the token paired with the first unread feature
         tokens = tokens.to(self.device)
         prompt = self._prompt.shape[0]
@@ -147,17 +172,18 @@ class EagleDrafter:
             )
         n = new_tokens.shape[0]
         positions = torch.arange(self._pairs, self._pairs + n, device=self.device)
-        out = self._pass(new_tokens, features, positions, causal_mask(self._pairs, n, self.device))
+        out, logits = self._pass(new_tokens, features, positions, causal_mask(self._pairs, n, "cpu")[0, 0])
         self._pairs += n
         self._features, self._feature_row = out[-1:], {ROOT: 0}
         self._slots = {}
-        return self.lm_head(out[-1:]).to(tokens.device)
+        logits = self.lm_head(out[-1:]) if logits is None else logits[-1:]
+        return logits.to(tokens.device)
 
     @torch.inference_mode()
     def level(self, tokens: torch.Tensor, level: int, tree: TokenTree, expand: list[int]) -> torch.Tensor:
         """Logits after each node of ``expand`` (all at depth ``level``): each reads its parent's
         predicted feature and its own token, seeing the committed positions and its ancestors."""
-        cached = self._cache.get_seq_length()
+        cached = self._used
         n = len(expand)
         # built on the host and copied once: one kernel per entry would dominate a GPU step
         seen_rows, seen_slots = [], []
@@ -165,19 +191,18 @@ class EagleDrafter:
             slots = [self._slots[ancestor] for ancestor in tree.path(node)[:-1]] + [cached + row]
             seen_rows += [row] * len(slots)
             seen_slots += slots
-        allowed = torch.zeros(n, cached + n, dtype=torch.bool)
-        allowed[:, : self._pairs] = True
-        allowed[seen_rows, seen_slots] = True
-        mask = allowed.to(self.device)[None, None]
+        seen = torch.zeros(n, cached + n, dtype=torch.bool)
+        seen[:, : self._pairs] = True
+        seen[seen_rows, seen_slots] = True
         features = self._features[[self._feature_row[tree.parents[i]] for i in expand]]
         positions = torch.full((n,), self._pairs + level - 1, dtype=torch.long, device=self.device)
-        out = self._pass(tree.tokens[expand].to(self.device), features, positions, mask)
+        out, logits = self._pass(tree.tokens[expand].to(self.device), features, positions, seen)
         first = self._features.shape[0]
         self._features = torch.cat([self._features, out])
         for row, node in enumerate(expand):
             self._feature_row[node] = first + row
             self._slots[node] = cached + row
-        return self.lm_head(out).to(tokens.device)
+        return (self.lm_head(out) if logits is None else logits).to(tokens.device)
 
     def rollback(self, n_tokens: int) -> None:
         pass  # the next root drops the tree entries; committed positions are re-read from the target
@@ -233,9 +258,10 @@ class HeadForEngine:
         return out
 
 
-def load(folder: Path, name: str, target, where: str) -> EagleDrafter:
+def load(folder: Path, name: str, target, where: str, cuda_graphs: bool = True) -> EagleDrafter:
     """The head in ``folder`` on ``target`` (an HFModel): refused with one line when it was trained for
-    another hidden size, vocabulary, layer count or decoder layer shape."""
+    another hidden size, vocabulary, layer count or decoder layer shape. ``cuda_graphs``: on a GPU, its
+    passes replayed as CUDA graphs (else eager, as on a CPU)."""
     from safetensors.torch import load_file
 
     manifest = read_manifest(folder, (MANIFEST, HEAD_FILE), "eagle", "EAGLE head", target, where)
@@ -252,6 +278,7 @@ def load(folder: Path, name: str, target, where: str) -> EagleDrafter:
     weight = target.model.get_output_embeddings().weight.detach()
     head = head.to(device=weight.device, dtype=weight.dtype)
     embeddings = target.model.get_input_embeddings()
-    drafter = EagleDrafter(name, head, embeddings, draft_vocab_head(target, manifest), target.name)
+    static = None if cuda_graphs else False
+    drafter = EagleDrafter(name, head, embeddings, draft_vocab_head(target, manifest), target.name, static)
     follow_linear(target, drafter.head, drafter.lm_head)
     return drafter

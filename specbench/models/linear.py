@@ -4,11 +4,12 @@ calls MKL's sgemm) or oneDNN with the weight reordered once into its blocked lay
 On a 2-core AMD EPYC (family 26, AVX512-BF16) SmolLM2-135M's eager float32 pass took 40.0 ms over one
 token and 67.0 ms over nine with ATen, 23.2 and 30.2 ms with oneDNN's reordered weights; in bfloat16
 24.6 and 28.9 against 16.7 and 21.8 ms (``results/bench/cpu_linear_by_tokens.py``; its output for that
-machine is committed beside it). A verification pass over k + 1 tokens (or a tree) is worth its
-acceptance only where it costs little more than a one-token pass, so this decides speculative
-decoding's walltime on such machines. Which one is faster depends on the CPU (MKL takes its fast paths
-on Intel's), so it is measured, never assumed: ``auto`` times both on the model's own layers at load
-(:func:`fastest`).
+machine is committed beside it); on an AVX2-only AMD EPYC (family 25) float32 68.7 and 110.4 ms with
+ATen, 62.4 and 74.5 with oneDNN, whose bfloat16 path that CPU lacks. A verification pass over k + 1
+tokens (or a tree) is worth its acceptance only where it costs little more than a one-token pass, so
+this decides speculative decoding's walltime on such machines. Which one is faster depends on the CPU
+(MKL takes its fast paths on Intel's), so it is measured, never assumed: ``auto`` times both on the
+model's own layers at load (:func:`fastest`).
 
 Only the eager engine swaps its layers (the compiled engine's graphs take the weights as inputs, and
 oneDNN's reordered weight is an opaque tensor a graph cannot take). Numerics: both compute in the
@@ -18,6 +19,7 @@ as they do between pass sizes on one library (the lossless audit's business, pip
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 
@@ -68,14 +70,27 @@ def apply(
 
 
 def can_use_onednn(module: nn.Module) -> bool:
-    """oneDNN serves this model: on the CPU, float32 or bfloat16, built into this torch."""
+    """oneDNN serves this model: on the CPU, float32 or bfloat16, built into this torch, and this CPU's
+    oneDNN reorders weights of that dtype (:func:`reorders`)."""
     parameter = next(module.parameters(), None)
     return (
         parameter is not None
         and parameter.device.type == "cpu"
         and parameter.dtype in ONEDNN_DTYPES
         and torch.backends.mkldnn.is_available()
+        and reorders(parameter.dtype)
     )
+
+
+@functools.cache
+def reorders(dtype: torch.dtype) -> bool:
+    """Whether this CPU's oneDNN reorders a ``dtype`` weight: bfloat16 needs AVX512 (BW, VL, DQ) or
+    AVX-NE-CONVERT, and an AVX2-only CPU (seen: an AMD EPYC of family 25) refuses it."""
+    try:
+        reorder(torch.zeros(8, 8, dtype=dtype))
+    except RuntimeError:
+        return False
+    return True
 
 
 def _linears(module: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:

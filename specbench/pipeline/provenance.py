@@ -80,6 +80,7 @@ def check_run(directory: Path) -> Finding:
     threads = torch.get_num_threads()  # a runner takes the recipe's threads: reading must not
     try:
         recipe = load_recipe(recipe_path)
+        recipe.pin_auto_dtypes(_recorded_dtypes(directory))
         runner = Runner(recipe, directory, resume=True, console=Console(stderr=True, quiet=True))
         stray, missing = runner.stale_rows()
     except SpecbenchError as error:
@@ -96,6 +97,19 @@ def check_run(directory: Path) -> Finding:
         torch.set_num_threads(threads)
     _check_models(directory, finding)
     return finding
+
+
+def _recorded_dtypes(directory: Path) -> dict[str, str]:
+    """Model -> the dtype it ran in, as environment.json records it ("torch.bfloat16" -> "bfloat16")."""
+    try:
+        models = json.loads((directory / "environment.json").read_text()).get("models") or {}
+    except (OSError, ValueError):
+        return {}
+    return {
+        name: str(info["dtype"]).removeprefix("torch.")
+        for name, info in models.items()
+        if isinstance(info, dict) and info.get("dtype")
+    }
 
 
 def _check_models(directory: Path, finding: Finding) -> None:

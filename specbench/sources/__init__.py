@@ -289,8 +289,9 @@ def _with_linear(model: HFModel, request: ModelRequest) -> HFModel:
     if request.linear == "onednn" and not linear.can_use_onednn(model.model):
         raise SpecbenchError(
             f"models.{request.name}.linear",
-            f"oneDNN serves float32 and bfloat16 models on the CPU of a torch built with it; {request.name} "
-            f"is {next(model.model.parameters()).dtype} on {model.device}",
+            f"oneDNN serves float32 and bfloat16 models on the CPU of a torch built with it (bfloat16 where "
+            f"the CPU has AVX512 or AVX-NE-CONVERT); {request.name} is "
+            f"{next(model.model.parameters()).dtype} on {model.device}",
             "use linear: auto (oneDNN where it serves and is faster) or aten",
         )
     model.linear, model.linear_probe = linear.resolve(model.model, request.linear)

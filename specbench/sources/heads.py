@@ -20,11 +20,13 @@ def heads_source(
     parameters: Callable[[dict], int],
     order: int,
     for_engine: str,
+    options: tuple[str, ...] = (),
 ) -> Source:
     """A :class:`Source` for ``<kind>:<target>/<name>``: ``drafter`` the module of
     :mod:`specbench.drafters` that holds ``MANIFEST`` and ``load``; ``parameters(manifest)`` their
     own weights (the target's shared embedding and LM head not counted); ``for_engine`` the class in
-    that module that stands for them when their target runs on a serving engine."""
+    that module that stands for them when their target runs on a serving engine; ``options`` the
+    options beside ``of`` that its ``load`` takes as keywords."""
     prefix = f"{kind}:"
 
     def folder(source: str):
@@ -44,7 +46,8 @@ def heads_source(
         if getattr(served, "serving_dtype", None) is not None:  # a serving engine loads them itself
             return getattr(module(), for_engine)(request.name, folder(request.source))
         base = context.base_model(of, title)
-        heads = module().load(folder(request.source), request.name, base, where)
+        chosen = {name: request.opts[name] for name in options if name in request.opts}
+        heads = module().load(folder(request.source), request.name, base, where, **chosen)
         heads.origin = f"{kind} {folder(request.source)} on {of}"
         return heads
 
@@ -56,7 +59,7 @@ def heads_source(
         if not path.is_file():
             raise SpecbenchError(
                 f"models.{name}.source",
-                f"no {title} at {path.parent}",
+                f"{path.parent} holds no manifest of {title}",
                 f"train them with specbench distill --size {kind}",
             )
         manifest = json.loads(path.read_text())
@@ -79,7 +82,7 @@ def heads_source(
         matches=lambda source: source.startswith(prefix),
         load=load,
         facts=facts,
-        options=("of",),
+        options=("of", *options),
         order=order,
         neural=False,
         fixed_weights=True,

@@ -1,0 +1,157 @@
+"""What an EAGLE head's passes cost a GPU eagerly and replayed as CUDA graphs (drafters/head_graphs.py),
+and what is left of a step outside the model passes, on the compiled engine (the target's passes are CUDA
+graphs already).
+
+The target is a random-weight Llama of SmolLM2-135M-Instruct's shape and the head a random EAGLE head of
+its shape (a pass costs what its shapes cost; no weights, GGUF or trained head need to travel to the
+GPU), so nearly nothing is accepted: this measures the cost of each part of a step, not a speedup. Every
+output is checked against AR's, token for token. Cells run interleaved, prompt by prompt, after one
+untimed prompt each (compiling and capturing).
+
+    python results/heads/gpu_head_graphs.py > results/heads/gpu_head_graphs_<device>.txt
+    python results/heads/gpu_head_graphs.py --tiny      # the plumbing, on a CPU, in seconds
+"""
+
+import argparse
+import json
+import statistics
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specbench.decoding import autoregressive, tree_speculative
+from specbench.drafters import eagle, head_graphs
+from specbench.drafters.heads import draft_head
+from specbench.models.compiled import CompiledHFModel
+from specbench.models.machine import this_machine
+
+SMOLLM2 = {  # HuggingFaceTB/SmolLM2-135M-Instruct's config.json
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "vocab_size": 49152,
+    "max_position_embeddings": 8192,
+    "rope_theta": 100000.0,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True,
+}
+TINY = SMOLLM2 | {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+}
+TINY |= {"num_key_value_heads": 2, "vocab_size": 512}
+DRAFT_VOCAB = 8192  # the trained heads' draft vocabulary (FR-Spec), the most frequent tokens
+CHAIN = {"depth": 5, "branch": 1, "frontier": 1, "nodes": 5}
+TREE = {"depth": 6, "branch": 4, "frontier": 4, "nodes": 24}
+CELLS = {  # name -> (tree parameters, head passes as CUDA graphs, the graphs' attention implementation)
+    "eagle-chain[depth=5] eager head": (CHAIN, False, None),
+    "eagle-chain[depth=5] head graphs": (CHAIN, True, None),
+    "eagle-chain[depth=5] head graphs, eager attn": (CHAIN, True, "eager"),
+    "eagle-tree[nodes=24] eager head": (TREE, False, None),
+    "eagle-tree[nodes=24] head graphs": (TREE, True, None),
+    "eagle-tree[nodes=24] head graphs, eager attn": (TREE, True, "eager"),
+}
+
+
+def head(weights, static: bool, attention: str | None) -> eagle.EagleDrafter:
+    torch.manual_seed(1)
+    module = eagle.EagleHead.for_target(weights)
+    weight = weights.get_output_embeddings().weight.detach()
+    module = module.to(weight.device, weight.dtype)
+    vocab = torch.arange(min(DRAFT_VOCAB, weight.shape[0]), device=weight.device)
+    drafter = eagle.EagleDrafter(
+        "head", module, weights.get_input_embeddings(), draft_head(weight, vocab), "t", static
+    )
+    if static and attention:
+        drafter._passes = head_graphs.StaticHeadPasses(
+            module, drafter.embeddings, drafter.lm_head, graphs=True, attention=attention
+        )
+    return drafter
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="a 2-layer model (plumbing)")
+    parser.add_argument("--prompts", type=int, default=6)
+    parser.add_argument("--prompt-tokens", type=int, default=160)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--attention", default="sdpa", help="the target's attn_implementation (sdpa, eager)")
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    config = LlamaConfig(**(TINY if args.tiny else SMOLLM2))
+    config._attn_implementation = args.attention
+    weights = LlamaForCausalLM(config).to(device).eval()
+    generator = torch.Generator().manual_seed(2)
+    prompts = [
+        torch.randint(0, config.vocab_size, (args.prompt_tokens,), generator=generator)
+        for _ in range(args.prompts + 1)
+    ]
+    target = CompiledHFModel(weights, "t")
+    longest = args.prompt_tokens + args.new_tokens + 64
+    target.prepare(longest, hidden=True, tree_sizes=sorted({p["nodes"] for p, _, _ in CELLS.values()}))
+    drafters = {name: head(weights, graphs, attention) for name, (_, graphs, attention) in CELLS.items()}
+    rows: dict[str, list[dict]] = {"ar": [], **{name: [] for name in CELLS}}
+    for index, prompt in enumerate(prompts):  # prompt 0: compiling and capturing, not timed
+        ar = autoregressive.generate(target, prompt, max_new_tokens=args.new_tokens)
+        if index:
+            rows["ar"].append({"s": ar.walltime, "tokens": len(ar.tokens), "steps": len(ar.tokens)})
+        for name, (params, _, _) in CELLS.items():
+            out = tree_speculative.generate(
+                target, drafters[name], prompt, max_new_tokens=args.new_tokens, **params
+            )
+            assert out.tokens == ar.tokens, f"{name}: output differs from AR on prompt {index}"
+            if index:
+                t, h = out.forwards["t"], out.forwards["head"]
+                rows[name].append(
+                    {
+                        "s": out.walltime,
+                        "tokens": len(out.tokens),
+                        "steps": len(out.steps),
+                        "target_s": t["seconds"],
+                        "target_passes": t["forward_passes"],
+                        "head_s": h["seconds"],
+                        "head_passes": h["forward_passes"],
+                    }
+                )
+    print(
+        json.dumps(
+            {
+                "machine": this_machine().describe(),
+                "torch": torch.__version__,
+                "model": "tiny" if args.tiny else "SmolLM2-135M shape, random weights, float32",
+                "prompts": args.prompts,
+                "prompt_tokens": args.prompt_tokens,
+                "new_tokens": args.new_tokens,
+                "target_attention": args.attention,
+            }
+        )
+    )
+    ar_s = sum(r["s"] for r in rows["ar"])
+    ar_tokens = sum(r["tokens"] for r in rows["ar"])
+    print(
+        f"{'cell':46} {'tok/s':>8} {'vs AR':>6} {'ms/step':>8} {'target ms/pass':>15} "
+        f"{'head passes/step':>17} {'head ms/pass':>13} {'outside passes ms/step':>23}"
+    )
+    print(f"{'ar (compiled)':46} {ar_tokens / ar_s:8.1f} {1.0:6.2f} {1000 * ar_s / ar_tokens:8.2f}")
+    for name in CELLS:
+        cell = rows[name]
+        s, steps = sum(r["s"] for r in cell), sum(r["steps"] for r in cell)
+        target_s, head_s = sum(r["target_s"] for r in cell), sum(r["head_s"] for r in cell)
+        head_passes = sum(r["head_passes"] for r in cell)
+        tokens = sum(r["tokens"] for r in cell)
+        print(
+            f"{name:46} {tokens / s:8.1f} {ar_s / ar_tokens * tokens / s:6.2f} {1000 * s / steps:8.2f} "
+            f"{1000 * target_s / sum(r['target_passes'] for r in cell):15.3f} {head_passes / steps:17.2f} "
+            f"{1000 * head_s / max(head_passes, 1):13.3f} {1000 * (s - target_s - head_s) / steps:23.2f}"
+        )
+    spread = statistics.pstdev(r["s"] for r in rows["ar"]) / statistics.mean(r["s"] for r in rows["ar"])
+    print(f"every output identical to AR; AR walltime spread over prompts {spread:.1%}")
+
+
+if __name__ == "__main__":
+    main()
