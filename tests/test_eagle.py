@@ -21,6 +21,7 @@ from specbench import sources
 from specbench.cli import app
 from specbench.decoding import autoregressive, tree_speculative
 from specbench.drafters import eagle
+from specbench.drafters.draft_vocab import full_vocabulary
 from specbench.drafters.heads import draft_head
 from specbench.errors import SpecbenchError
 from specbench.models.compiled import CompiledHFModel
@@ -86,7 +87,7 @@ def from_scratch(drafter: eagle.EagleDrafter, target_weights, prompt, tokens, pa
                 torch.arange(n)[None],
                 eagle.causal_mask(0, n, "cpu"),
             )[0]
-        return drafter.lm_head(out[-1:])[0]
+        return drafter.lm_head.subset(out[-1:])[0]  # over the draft vocabulary, as root and level
 
 
 # static: the GPU's fixed-shape passes over a static cache (head_graphs.py; padded rows, a scratch
@@ -459,3 +460,59 @@ def test_the_static_passes_compute_the_same_under_either_attention_implementatio
     # transformers' eager attention takes its softmax in float32
     torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(outs[0][1], outs[1][1], rtol=1e-5, atol=1e-6)
+
+
+class FullRows:
+    """The drafter as one without a draft vocabulary: every row scattered over the full vocabulary."""
+
+    def __init__(self, drafter: eagle.EagleDrafter):
+        self.inner = drafter
+
+    def __getattr__(self, name):
+        if name == "vocabulary":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def root(self, tokens, last, accepted):
+        logits = self.inner.root(tokens, last, accepted)
+        return (
+            None if logits is None else full_vocabulary(logits, self.inner.vocabulary, self.inner.vocab_size)
+        )
+
+    def level(self, tokens, level, tree, expand):
+        logits = self.inner.level(tokens, level, tree, expand)
+        return full_vocabulary(logits, self.inner.vocabulary, self.inner.vocab_size)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_head_scoring_its_draft_vocabulary_drafts_the_trees_of_full_rows(
+    temperature, tiny_model, monkeypatch
+):
+    """Root and level return the draft vocabulary's logits only: a greedy tree ranks them as they are
+    (mapped back to token ids), a sampled one draws from full rows; both draft what full rows would."""
+    weights = tiny_model("tiny-llama", 3, vocab_size=64, init_std=0.3).double()
+    vocab = torch.tensor([1, 2, 3, 5, 8, 13, 21, 34, 40, 41, 42, 55, 60])
+    prompt = torch.tensor([3, 4, 5, 2, 9, 1])
+    drafting = tree_speculative.draft_tree
+    runs = []
+    for wrap in (lambda d: d, FullRows):
+        trees = []
+
+        def draft(*args, trees=trees, **kwargs):
+            trees.append(drafting(*args, **kwargs))
+            return trees[-1]
+
+        monkeypatch.setattr(tree_speculative, "draft_tree", draft)
+        out = tree_speculative.generate(
+            HFModel(weights, "t"), wrap(random_head(HFModel(weights, "t"), 5, vocab)), prompt,
+            depth=4, branch=3, frontier=2, nodes=64 if temperature else 6, max_new_tokens=30,
+            sampling=SamplingParams(temperature=temperature), generator=torch.Generator().manual_seed(3),
+        )  # fmt: skip
+        runs.append((trees, out.tokens))
+    (compact, tokens), (full, same) = runs
+    assert len(compact) == len(full) > 5 and tokens == same
+    for a, b in zip(compact, full, strict=True):
+        assert a.tokens.tolist() == b.tokens.tolist() and a.parents == b.parents
+        assert set(a.tokens.tolist()) <= set(vocab.tolist())
+        if temperature and len(a):  # the first step's tree is empty (no features yet)
+            assert torch.equal(a.q, b.q) and a.q.shape[-1] == 64

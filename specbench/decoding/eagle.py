@@ -37,7 +37,8 @@ METHODS = (
         no_replay="the target scores token trees and hands its features to the head",
         draft_lengths=lambda params: (),
         tree_sizes=lambda params: tree_speculative.tree_sizes(params)[-1:],
-        # 2: a greedy tree stops drafting once no deeper node can be kept (the same trees, fewer passes)
+        # 2: a greedy tree stops drafting once no deeper node can be kept (the same trees, fewer passes),
+        # and ranks the head's draft vocabulary without full-vocabulary rows (the same trees up to rounding)
         revision=2,
     ),
 )

@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from specbench.decoding.generation import Generation, Stopwatch, eos_set, truncate_at_eos
+from specbench.drafters.draft_vocab import full_vocabulary
 from specbench.methods import Method, ParamSpec, Request, always
 from specbench.models.base import Pass
 from specbench.models.hf import HFModel
@@ -92,9 +93,21 @@ def draft_tree(
     root = drafter.root(tokens, last, accepted) if depth > 0 else None
     if root is None:
         return empty
+    # A drafter with a draft vocabulary (``vocabulary``: the token of each logits column) scores only
+    # those tokens; a greedy tree ranks them as they are (their softmax is the full row's, the others
+    # being -inf), a sampled one needs full rows, the laws its children were drawn from.
+    vocabulary = getattr(drafter, "vocabulary", None)
+
+    def distributions(logits: torch.Tensor) -> torch.Tensor:
+        if vocabulary is not None and not sampling.greedy:
+            logits = full_vocabulary(logits, vocabulary, drafter.vocab_size)
+        return sampling.probs(logits)
+
     # A level's nodes are kept as tensors (tokens, path probabilities, and the laws they were drawn
     # from), so a level costs a few kernels on a GPU rather than a few per node; the parents are Python.
-    rows = sampling.probs(root)  # [F, V]: the laws of the nodes being expanded
+    rows = distributions(
+        root
+    )  # [F, V]: the laws of the nodes being expanded (V: the draft vocabulary, greedy)
     expand = [ROOT]
     path_probability = torch.ones(1, dtype=rows.dtype, device=device)  # of each node in expand
     parents: list[int] = []
@@ -111,6 +124,8 @@ def draft_tree(
         drawn = rows.gather(-1, picked)  # [F, b]
         children = [parent for parent in expand for _ in range(width)]
         new_tokens, scores = picked.flatten(), (path_probability[:, None] * drawn).flatten()
+        if vocabulary is not None and sampling.greedy:
+            new_tokens = vocabulary[new_tokens]
         laws = None if sampling.greedy else rows.repeat_interleave(width, dim=0)
         if not sampling.greedy:  # children a distribution cannot draw (probability 0) are no draws
             drawable = (drawn > 0).flatten().tolist()  # one transfer for the level
@@ -138,7 +153,7 @@ def draft_tree(
             break  # every deeper node scores below the nodes kept already: the same tree, fewer passes
         expand = [first + i for i in ranked.tolist()]
         tree = TokenTree(torch.cat(level_tokens), tuple(parents))
-        rows = sampling.probs(drafter.level(tokens, level + 1, tree, expand))
+        rows = distributions(drafter.level(tokens, level + 1, tree, expand))
     if not parents:
         return empty
     node_tokens = torch.cat(level_tokens)

@@ -60,12 +60,19 @@ class DraftVocabHead(nn.Module):
         self.packed = linear.reorder(self.weight_t.T.contiguous())
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return full_vocabulary(self.subset(hidden), self.ids, self.vocab_size)
+
+    def subset(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits of the draft vocabulary only (column i: token ``ids[i]``)."""
         if self.packed is None:
-            subset = hidden @ self.weight_t
-        else:
-            subset = linear.apply(hidden, self.packed, None, self.ids.shape[0])
-        logits = subset.new_full((*subset.shape[:-1], self.vocab_size), float("-inf"))
-        return logits.index_copy_(-1, self.ids, subset)
+            return hidden @ self.weight_t
+        return linear.apply(hidden, self.packed, None, self.ids.shape[0])
+
+
+def full_vocabulary(subset: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Logits over the draft vocabulary ``ids`` as full-vocabulary rows, -inf at every other token."""
+    logits = subset.new_full((*subset.shape[:-1], vocab_size), float("-inf"))
+    return logits.index_copy_(-1, ids, subset)
 
 
 def save(folder: Path, ids: torch.Tensor) -> None:

@@ -108,6 +108,8 @@ class EagleDrafter:
         self.embeddings, self.lm_head = embeddings, lm_head
         self.target_name = target_name
         self.counter = ForwardCounter()
+        # root and level return logits over these tokens only (the draft vocabulary; FR-Spec)
+        self.vocabulary, self.vocab_size = lm_head.ids, lm_head.vocab_size
         self.num_parameters = sum(p.numel() for p in head.parameters())
         self.device = next(head.parameters()).device
         self.dtype = next(head.parameters()).dtype  # the target's: the heads read its features
@@ -131,11 +133,11 @@ class EagleDrafter:
         self._slots: dict[int, int] = {}  # expanded tree node -> its cache entry
 
     def _pass(
-        self, tokens, features, positions, seen: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(predicted features, their logits where the static passes computed them) of ``tokens``
-        written at the next slots, each row attending to the slots ``seen`` marks (host bool
-        ``[rows, slots used + rows]``)."""
+        self, tokens, features, positions, seen: torch.Tensor, scored: slice = slice(None)
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(predicted features, draft-vocabulary logits) of ``tokens`` written at the next slots, each
+        row attending to the slots ``seen`` marks (host bool ``[rows, slots used + rows]``); the
+        logits of the rows ``scored`` (the static passes score every row)."""
         first = self._used
         started = self.counter.begin(self.device)
         if self._passes is not None:
@@ -143,15 +145,17 @@ class EagleDrafter:
         else:
             mask = seen.to(self.device)[None, None]
             out = self.head(self.embeddings(tokens[None]), features[None], positions[None], mask, self._cache)
-            out, logits = out[0], None  # the LM head runs on the rows the caller needs
+            out = out[0]
+            logits = self.lm_head.subset(out[scored])  # part of the pass, timed with it
         self.counter.end(started, tokens.shape[0], self.device, context=first)
         self._used = first + tokens.shape[0]
         return out, logits
 
     @torch.inference_mode()
     def root(self, tokens: torch.Tensor, last: Pass | None, accepted: list[int]) -> torch.Tensor | None:
-        """The head's logits for the token after the committed ``tokens``; ``accepted``: the rows of
-        ``last``'s features at the positions committed since the head's last read."""
+        """The head's logits (over :attr:`vocabulary`) for the token after the committed ``tokens``;
+        ``accepted``: the rows of ``last``'s features at the positions committed since the head's last
+        read."""
         if last is None:
             return None
         if self._used > self._pairs:  # the previous step's tree entries
@@ -172,12 +176,12 @@ class EagleDrafter:
             )
         n = new_tokens.shape[0]
         positions = torch.arange(self._pairs, self._pairs + n, device=self.device)
-        out, logits = self._pass(new_tokens, features, positions, causal_mask(self._pairs, n, "cpu")[0, 0])
+        seen = causal_mask(self._pairs, n, "cpu")[0, 0]
+        out, logits = self._pass(new_tokens, features, positions, seen, scored=slice(-1, None))
         self._pairs += n
         self._features, self._feature_row = out[-1:], {ROOT: 0}
         self._slots = {}
-        logits = self.lm_head(out[-1:]) if logits is None else logits[-1:]
-        return logits.to(tokens.device)
+        return logits[-1:].to(tokens.device)
 
     @torch.inference_mode()
     def level(self, tokens: torch.Tensor, level: int, tree: TokenTree, expand: list[int]) -> torch.Tensor:
@@ -202,7 +206,7 @@ class EagleDrafter:
         for row, node in enumerate(expand):
             self._feature_row[node] = first + row
             self._slots[node] = cached + row
-        return (self.lm_head(out) if logits is None else logits).to(tokens.device)
+        return logits.to(tokens.device)
 
     def rollback(self, n_tokens: int) -> None:
         pass  # the next root drops the tree entries; committed positions are re-read from the target

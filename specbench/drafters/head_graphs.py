@@ -46,7 +46,9 @@ def bucket(rows: int) -> int:
 
 class StaticHeadPasses:
     """``run(tokens, features, positions, seen, first) -> (features out, logits)`` of ``head`` (called
-    as ``head(embeddings, features, positions, mask, cache)``) with ``lm_head`` on its output."""
+    as ``head(embeddings, features, positions, mask, cache)``) with ``lm_head`` (a
+    :class:`~specbench.drafters.draft_vocab.DraftVocabHead`) on its output: the draft vocabulary's
+    logits."""
 
     def __init__(
         self,
@@ -117,7 +119,7 @@ class StaticHeadPasses:
             inputs["mask"],
             cache,
         )[0]
-        return out, self.lm_head(out)
+        return out, self.lm_head.subset(out)
 
     def run(self, tokens, features, positions, seen: torch.Tensor, first: int):
         """The head over ``tokens`` / ``features`` (rows written at slots ``first``...), each row

@@ -16,6 +16,7 @@ import inspect
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
+from specbench.models import attention
 from specbench.models.base import ForwardCounter, Layer, Pass, pick_hidden
 from specbench.models.tree import TokenTree, move_path_entries, tree_attention, tree_positions
 
@@ -24,6 +25,7 @@ class HFModel:
     def __init__(self, model: PreTrainedModel, name: str, tokenizer=None):
         self.model = model.eval()
         self.name = name
+        attention.install()  # multi-row passes on the CPU read grouped KV heads in place
         self.tokenizer = tokenizer
         self.counter = ForwardCounter()
         self.device = input_device(model)
