@@ -105,9 +105,8 @@ def draft_tree(
 
     # A level's nodes are kept as tensors (tokens, path probabilities, and the laws they were drawn
     # from), so a level costs a few kernels on a GPU rather than a few per node; the parents are Python.
-    rows = distributions(
-        root
-    )  # [F, V]: the laws of the nodes being expanded (V: the draft vocabulary, greedy)
+    # [F, V]: the laws of the nodes being expanded (greedy: V is the draft vocabulary)
+    rows = distributions(root)
     expand = [ROOT]
     path_probability = torch.ones(1, dtype=rows.dtype, device=device)  # of each node in expand
     parents: list[int] = []
