@@ -10,10 +10,18 @@ untimed prompt each (compiling and capturing).
 
     python results/heads/gpu_head_graphs.py > results/heads/gpu_head_graphs_<device>.txt
     python results/heads/gpu_head_graphs.py --tiny      # the plumbing, on a CPU, in seconds
+    python results/heads/gpu_head_graphs.py --attention eager --only "nodes=24] head graphs" --profile
+
+``--profile`` then runs one more prompt of the first cell under cProfile and prints the host functions
+that took the most time (on a GPU a step that waits for the device shows it as time in the call that
+synchronises: ``tolist``, ``item``, ``cpu``).
 """
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import statistics
 
 import torch
@@ -80,7 +88,10 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=160)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--attention", default="sdpa", help="the target's attn_implementation (sdpa, eager)")
+    parser.add_argument("--only", default="", help="run only the cells whose name contains this")
+    parser.add_argument("--profile", action="store_true", help="cProfile a prompt of the first cell")
     args = parser.parse_args()
+    cells = {name: cell for name, cell in CELLS.items() if args.only in name}
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     config = LlamaConfig(**(TINY if args.tiny else SMOLLM2))
@@ -93,14 +104,14 @@ def main() -> None:
     ]
     target = CompiledHFModel(weights, "t")
     longest = args.prompt_tokens + args.new_tokens + 64
-    target.prepare(longest, hidden=True, tree_sizes=sorted({p["nodes"] for p, _, _ in CELLS.values()}))
-    drafters = {name: head(weights, graphs, attention) for name, (_, graphs, attention) in CELLS.items()}
-    rows: dict[str, list[dict]] = {"ar": [], **{name: [] for name in CELLS}}
+    target.prepare(longest, hidden=True, tree_sizes=sorted({p["nodes"] for p, _, _ in cells.values()}))
+    drafters = {name: head(weights, graphs, attention) for name, (_, graphs, attention) in cells.items()}
+    rows: dict[str, list[dict]] = {"ar": [], **{name: [] for name in cells}}
     for index, prompt in enumerate(prompts):  # prompt 0: compiling and capturing, not timed
         ar = autoregressive.generate(target, prompt, max_new_tokens=args.new_tokens)
         if index:
             rows["ar"].append({"s": ar.walltime, "tokens": len(ar.tokens), "steps": len(ar.tokens)})
-        for name, (params, _, _) in CELLS.items():
+        for name, (params, _, _) in cells.items():
             out = tree_speculative.generate(
                 target, drafters[name], prompt, max_new_tokens=args.new_tokens, **params
             )
@@ -138,7 +149,7 @@ def main() -> None:
         f"{'head passes/step':>17} {'head ms/pass':>13} {'outside passes ms/step':>23}"
     )
     print(f"{'ar (compiled)':46} {ar_tokens / ar_s:8.1f} {1.0:6.2f} {1000 * ar_s / ar_tokens:8.2f}")
-    for name in CELLS:
+    for name in cells:
         cell = rows[name]
         s, steps = sum(r["s"] for r in cell), sum(r["steps"] for r in cell)
         target_s, head_s = sum(r["target_s"] for r in cell), sum(r["head_s"] for r in cell)
@@ -151,6 +162,20 @@ def main() -> None:
         )
     spread = statistics.pstdev(r["s"] for r in rows["ar"]) / statistics.mean(r["s"] for r in rows["ar"])
     print(f"every output identical to AR; AR walltime spread over prompts {spread:.1%}")
+    if args.profile:
+        name, (params, _, _) = next(iter(cells.items()))
+        profiler = cProfile.Profile()
+        profiler.enable()
+        tree_speculative.generate(
+            target, drafters[name], prompts[1], max_new_tokens=args.new_tokens, **params
+        )
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+        print(f"# cProfile of {name}, prompt 1, by own time")
+        print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:6000])
 
 
 if __name__ == "__main__":
