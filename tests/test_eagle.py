@@ -35,14 +35,19 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def random_head(
-    target: HFModel, seed: int, vocab: torch.Tensor | None = None, static: bool = False
+    target: HFModel,
+    seed: int,
+    vocab: torch.Tensor | None = None,
+    static: bool = False,
+    attention: str = "sdpa",
 ) -> eagle.EagleDrafter:
     torch.manual_seed(seed)
     module = eagle.EagleHead.for_target(target.model)
     weight = target.model.get_output_embeddings().weight.detach()
     module = module.to(weight.dtype)
     embeddings = target.model.get_input_embeddings()
-    return eagle.EagleDrafter("head", module, embeddings, draft_head(weight, vocab), target.name, static)
+    lm_head = draft_head(weight, vocab)
+    return eagle.EagleDrafter("head", module, embeddings, lm_head, target.name, static, attention)
 
 
 class Recording:
@@ -460,6 +465,43 @@ def test_the_static_passes_compute_the_same_under_either_attention_implementatio
     # transformers' eager attention takes its softmax in float32
     torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(outs[0][1], outs[1][1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_a_head_on_eager_attention_drafts_what_it_drafts_on_sdpa(static, tiny_model):
+    """transformers' eager attention adds the mask it is given: the growing cache's boolean mask is made
+    additive for it (a boolean one would add 0 or 1 and draft other trees)."""
+    weights = tiny_model("tiny-llama", 2, vocab_size=12, init_std=0.3).double()
+    prompt = torch.tensor([3, 4, 5, 2, 7])
+    runs = {}
+    for attention in ("sdpa", "eager"):
+        drafter = Recording(random_head(HFModel(weights, "t"), 2, static=static, attention=attention))
+        out = tree_speculative.generate(
+            HFModel(weights, "t"), drafter, prompt, depth=3, branch=2, frontier=2, nodes=6, max_new_tokens=14
+        )
+        assert drafter.inner.head.layer.self_attn.config._attn_implementation == attention
+        runs[attention] = (out, drafter.calls)
+    (sdpa, sdpa_calls), (eager, eager_calls) = runs["sdpa"], runs["eager"]
+    assert eager.tokens == sdpa.tokens and eager.steps == sdpa.steps
+    assert len(eager_calls) == len(sdpa_calls) > 4
+    for (kind, _, mine), (_, _, theirs) in zip(eager_calls, sdpa_calls, strict=True):
+        mine, theirs = (mine, theirs) if kind == "root" else (mine[2], theirs[2])
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)  # eager's softmax is float32
+
+
+def test_the_attention_option_reaches_the_head_and_takes_only_sdpa_or_eager(tmp_path, monkeypatch):
+    target = cached_head(tmp_path, monkeypatch)
+    options = (("of", "target"), ("attn_implementation", "eager"))
+    drafter = sources.load(
+        sources.ModelRequest("head", "eagle:tiny-llama/eagle", options=options), {"target": target}.get
+    )
+    assert drafter.attention == "eager" == drafter.head.layer.self_attn.config._attn_implementation
+    data = recipe()
+    data["models"].pop("medusa")
+    data["models"]["head"]["options"]["attn_implementation"] = "flash_attention_2"
+    result = run(tmp_path, data, "bad")
+    assert result.exit_code == 2
+    assert "attn_implementation" in result.output and "sdpa or eager" in result.output
 
 
 class FullRows:

@@ -28,7 +28,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specbench.decoding import autoregressive, tree_speculative
-from specbench.drafters import eagle, head_graphs
+from specbench.drafters import eagle
 from specbench.drafters.heads import draft_head
 from specbench.models.compiled import CompiledHFModel
 from specbench.models.machine import this_machine
@@ -71,14 +71,9 @@ def head(weights, static: bool, attention: str | None) -> eagle.EagleDrafter:
     weight = weights.get_output_embeddings().weight.detach()
     module = module.to(weight.device, weight.dtype)
     vocab = torch.arange(min(DRAFT_VOCAB, weight.shape[0]), device=weight.device)
-    drafter = eagle.EagleDrafter(
-        "head", module, weights.get_input_embeddings(), draft_head(weight, vocab), "t", static
-    )
-    if static and attention:
-        drafter._passes = head_graphs.StaticHeadPasses(
-            module, drafter.embeddings, drafter.lm_head, graphs=True, attention=attention
-        )
-    return drafter
+    lm_head = draft_head(weight, vocab)
+    embeddings = weights.get_input_embeddings()
+    return eagle.EagleDrafter("head", module, embeddings, lm_head, "t", static, attention or "sdpa")
 
 
 def main() -> None:

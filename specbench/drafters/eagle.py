@@ -34,10 +34,13 @@ from specbench.drafters.head_graphs import StaticHeadPasses
 from specbench.drafters.heads import draft_vocab_head, follow_linear, read_manifest
 from specbench.errors import SpecbenchError
 from specbench.models.base import LAST, ForwardCounter, Pass
-from specbench.models.tree import ROOT, TokenTree
+from specbench.models.tree import ROOT, TokenTree, additive_mask
 
 HEAD_FILE = "eagle_head.safetensors"
 MANIFEST = "eagle.json"
+
+
+HEAD_ATTENTION = ("sdpa", "eager")  # the implementations that take the head's tree mask
 
 
 def head_config(target_model):
@@ -102,9 +105,14 @@ class EagleDrafter:
         lm_head: nn.Module,
         target_name: str,
         static: bool | None = None,
+        attention: str = "sdpa",
     ):
         self.name = name
         self.head = head.eval()
+        # transformers' attn_implementation of the head's layer: sdpa (head_config's), or eager (on an
+        # H100 a replayed pass took 0.344 ms against 0.426 with SDPA; results/heads/
+        # gpu_head_graphs_profile_nvidia-h100-80gb.txt), which adds its mask, so ours is then additive
+        self.attention = head.layer.self_attn.config._attn_implementation = attention
         self.embeddings, self.lm_head = embeddings, lm_head
         self.target_name = target_name
         self.counter = ForwardCounter()
@@ -117,7 +125,11 @@ class EagleDrafter:
         # (head_graphs.py); elsewhere over a growing cache (``static=True`` runs the fixed shapes
         # uncaptured, as the tests check them)
         self.static = self.device.type == "cuda" if static is None else static
-        self._passes = StaticHeadPasses(head, embeddings, lm_head, graphs=True) if self.static else None
+        self._passes = (
+            StaticHeadPasses(head, embeddings, lm_head, graphs=True, attention=attention)
+            if self.static
+            else None
+        )
 
     def start(self, prompt_ids: torch.Tensor) -> None:
         from transformers import DynamicCache
@@ -144,6 +156,8 @@ class EagleDrafter:
             out, logits = self._passes.run(tokens, features, positions, seen, first)
         else:
             mask = seen.to(self.device)[None, None]
+            if self.attention != "sdpa":
+                mask = additive_mask(mask, self.dtype)
             out = self.head(self.embeddings(tokens[None]), features[None], positions[None], mask, self._cache)
             out = out[0]
             logits = self.lm_head.subset(out[scored])  # part of the pass, timed with it
@@ -262,10 +276,13 @@ class HeadForEngine:
         return out
 
 
-def load(folder: Path, name: str, target, where: str, cuda_graphs: bool = True) -> EagleDrafter:
+def load(
+    folder: Path, name: str, target, where: str, cuda_graphs: bool = True, attn_implementation: str = "sdpa"
+) -> EagleDrafter:
     """The head in ``folder`` on ``target`` (an HFModel): refused with one line when it was trained for
     another hidden size, vocabulary, layer count or decoder layer shape. ``cuda_graphs``: on a GPU, its
-    passes replayed as CUDA graphs (else eager, as on a CPU)."""
+    passes replayed as CUDA graphs (else eager, as on a CPU); ``attn_implementation``: its layer's
+    attention, sdpa or eager (:data:`HEAD_ATTENTION`)."""
     from safetensors.torch import load_file
 
     manifest = read_manifest(folder, (MANIFEST, HEAD_FILE), "eagle", "EAGLE head", target, where)
@@ -283,6 +300,7 @@ def load(folder: Path, name: str, target, where: str, cuda_graphs: bool = True) 
     head = head.to(device=weight.device, dtype=weight.dtype)
     embeddings = target.model.get_input_embeddings()
     static = None if cuda_graphs else False
-    drafter = EagleDrafter(name, head, embeddings, draft_vocab_head(target, manifest), target.name, static)
+    lm_head = draft_vocab_head(target, manifest)
+    drafter = EagleDrafter(name, head, embeddings, lm_head, target.name, static, attn_implementation)
     follow_linear(target, drafter.head, drafter.lm_head)
     return drafter

@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specbench.models.tree import additive_mask
+
 # slots the cache grows by: a growth re-captures every graph, so it should happen at the first prompt,
 # not in a timed pass later (a masked slot costs one layer's attention almost nothing on a GPU)
 CAPACITY_STEP = 1024
@@ -95,10 +97,7 @@ class StaticHeadPasses:
         allowed = torch.zeros(padded, self.capacity, dtype=torch.bool)
         allowed[:n, : seen.shape[1]] = seen
         allowed[n:, scratch] = True  # a padded row sees its own slot: a defined softmax, never read
-        # additive, as every attention implementation reads it (transformers' eager one adds the mask)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill_(
-            ~allowed, torch.finfo(self.dtype).min
-        )
+        mask = additive_mask(allowed, self.dtype)
         slots = torch.full((padded,), scratch, dtype=torch.long)
         slots[:n] = torch.arange(first, first + n)
         pad = padded - n

@@ -90,9 +90,16 @@ def tree_attention(committed_new: int, cached: int, tree: TokenTree, dtype, devi
     allowed[:committed_new, block] = torch.ones(committed_new, committed_new, dtype=torch.bool).tril()
     allowed[committed_new:, block] = True  # every node sees every committed token
     allowed[committed_new:, cached + committed_new :] = tree.visible(device)
-    mask = torch.zeros(q, cached + q, dtype=dtype, device=device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
+    return additive_mask(allowed, dtype)[None, None]
+
+
+def additive_mask(allowed: torch.Tensor, dtype) -> torch.Tensor:
+    """A boolean attention mask as the additive one every attention implementation reads (transformers'
+    eager attention adds its mask to the scores; SDPA takes either): 0 where allowed, else dtype's
+    lowest value."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+        ~allowed, torch.finfo(dtype).min
+    )
 
 
 def tree_positions(committed_total: int, committed_new: int, tree: TokenTree, device) -> torch.Tensor:

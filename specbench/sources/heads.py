@@ -21,12 +21,14 @@ def heads_source(
     order: int,
     for_engine: str,
     options: tuple[str, ...] = (),
+    check: Callable | None = None,
 ) -> Source:
     """A :class:`Source` for ``<kind>:<target>/<name>``: ``drafter`` the module of
     :mod:`specbench.drafters` that holds ``MANIFEST`` and ``load``; ``parameters(manifest)`` their
     own weights (the target's shared embedding and LM head not counted); ``for_engine`` the class in
     that module that stands for them when their target runs on a serving engine; ``options`` the
-    options beside ``of`` that its ``load`` takes as keywords."""
+    options beside ``of`` that its ``load`` takes as keywords, ``check`` (source, options) -> the
+    (option, problem, fix) of a value they cannot take, or None."""
     prefix = f"{kind}:"
 
     def folder(source: str):
@@ -89,4 +91,5 @@ def heads_source(
         dtype_rule=None,
         heads=True,
         identity=lambda source: cache.trained_identity(folder(source)),
+        check=check,
     )
