@@ -14,30 +14,20 @@ is negligible: this says whether the difference is the GPU's (kernels, the mask'
 """
 
 import argparse
+import sys
 import time
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specbench.models.base import LAST
-from specbench.models.compiled import CompiledHFModel
-from specbench.models.machine import this_machine
-from specbench.models.tree import TokenTree
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "heads"))
+from gpu_head_graphs import SMOLLM2, TINY  # noqa: E402
 
-SMOLLM2 = {  # HuggingFaceTB/SmolLM2-135M-Instruct's config.json
-    "hidden_size": 576,
-    "intermediate_size": 1536,
-    "num_hidden_layers": 30,
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-    "vocab_size": 49152,
-    "max_position_embeddings": 8192,
-    "rope_theta": 100000.0,
-    "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": True,
-}
-TINY = SMOLLM2 | {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
-TINY |= {"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512}
+from specbench.models.base import LAST  # noqa: E402
+from specbench.models.compiled import CompiledHFModel  # noqa: E402
+from specbench.models.machine import this_machine  # noqa: E402
+from specbench.models.tree import TokenTree  # noqa: E402
+
 PROMPT = 160
 
 
