@@ -80,6 +80,30 @@ def engine_model(
     return model
 
 
+# Test files that take minutes (the real vLLM engine and server, measured at about 350 s together on a
+# 2-core AMD EPYC): pytest-xdist (``--dist loadfile``) otherwise hands out files with the most tests
+# first, which left this one to run last on one worker while the other sat idle.
+LONGEST_FILES = ("tests/test_vllm_real.py",)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` with :data:`LONGEST_FILES` handed out first."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LongestFirst(LoadFileScheduling):
+        def _assign_work_unit(self, node):
+            if not getattr(self, "_ordered", False):
+                self._ordered = True
+                for scope in [s for s in self.workqueue if s in LONGEST_FILES]:
+                    self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
+
+    return LongestFirst(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``slow`` (real checkpoints, minutes on CPU) run only with SPECBENCH_SLOW=1."""
     if os.environ.get("SPECBENCH_SLOW") == "1":
