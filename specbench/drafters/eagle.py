@@ -125,11 +125,7 @@ class EagleDrafter:
         # (head_graphs.py); elsewhere over a growing cache (``static=True`` runs the fixed shapes
         # uncaptured, as the tests check them)
         self.static = self.device.type == "cuda" if static is None else static
-        self._passes = (
-            StaticHeadPasses(head, embeddings, lm_head, graphs=True, attention=attention)
-            if self.static
-            else None
-        )
+        self._passes = StaticHeadPasses(head, embeddings, lm_head, graphs=True) if self.static else None
 
     def start(self, prompt_ids: torch.Tensor) -> None:
         from transformers import DynamicCache

@@ -14,6 +14,7 @@ transformers' own function, unchanged.
 from __future__ import annotations
 
 import torch
+from transformers.utils import import_utils
 
 _installed = False
 
@@ -42,8 +43,6 @@ def install() -> None:
 
 def takes_grouped_path(module, query: torch.Tensor, attention_mask, kwargs: dict) -> bool:
     """Whether a call is the case :func:`install` reroutes (module docstring)."""
-    from transformers.utils.import_utils import is_torchdynamo_compiling
-
     return (
         query.device.type == "cpu"
         and query.shape[2] > 1
@@ -52,6 +51,6 @@ def takes_grouped_path(module, query: torch.Tensor, attention_mask, kwargs: dict
         and kwargs.get("position_bias") is None
         and kwargs.get("softcap") is None
         and not kwargs.get("output_attentions", False)
-        and not is_torchdynamo_compiling()
+        and not import_utils.is_torchdynamo_compiling()
         and not torch.is_grad_enabled()  # training (a head's) keeps transformers' gradients
     )
