@@ -14,7 +14,9 @@ untimed prompt each (compiling and capturing).
 
 ``--profile`` then runs one more prompt of the first cell under cProfile and prints the host functions
 that took the most time (on a GPU a step that waits for the device shows it as time in the call that
-synchronises: ``tolist``, ``item``, ``cpu``).
+synchronises: ``tolist``, ``item``, ``cpu``). ``--syncs`` runs one more prompt of each cell with
+torch's CUDA sync debug mode on and counts the host's waits for the device per step (every read of a
+value, every copy from pageable host memory).
 """
 
 import argparse
@@ -23,6 +25,8 @@ import io
 import json
 import pstats
 import statistics
+import time
+import warnings
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -85,7 +89,9 @@ def main() -> None:
     parser.add_argument("--attention", default="sdpa", help="the target's attn_implementation (sdpa, eager)")
     parser.add_argument("--only", default="", help="run only the cells whose name contains this")
     parser.add_argument("--profile", action="store_true", help="cProfile a prompt of the first cell")
+    parser.add_argument("--syncs", action="store_true", help="count each cell's host-device syncs a step")
     args = parser.parse_args()
+    began = time.perf_counter()
     cells = {name: cell for name, cell in CELLS.items() if args.only in name}
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
@@ -157,6 +163,19 @@ def main() -> None:
         )
     spread = statistics.pstdev(r["s"] for r in rows["ar"]) / statistics.mean(r["s"] for r in rows["ar"])
     print(f"every output identical to AR; AR walltime spread over prompts {spread:.1%}")
+    if args.syncs and device.type == "cuda":
+        print(f"{'cell':46} {'syncs/step':>10}  (one prompt, torch.cuda.set_sync_debug_mode)")
+        for name, (params, _, _) in cells.items():
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                out = tree_speculative.generate(
+                    target, drafters[name], prompts[1], max_new_tokens=args.new_tokens, **params
+                )
+                torch.cuda.set_sync_debug_mode("default")
+            syncs = sum("synchroniz" in str(w.message) for w in caught)
+            print(f"{name:46} {syncs / len(out.steps):10.2f}")
+    print(f"# {time.perf_counter() - began:.0f} s in all")
     if args.profile:
         name, (params, _, _) = next(iter(cells.items()))
         profiler = cProfile.Profile()
