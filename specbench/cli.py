@@ -672,6 +672,13 @@ def distill(
         "gives the others probability 0, which keeps decoding lossless and each pass cheaper. "
         "0 = the whole vocabulary (default per size: 8192; exit heads always 0).",
     ),
+    unroll: int = typer.Option(
+        None,
+        min=1,
+        help="EAGLE only: steps of EAGLE-3's training-time test (1: teacher-forced features only; "
+        "each further step reads the head's own predicted features, as a tree's deeper levels do; "
+        "default 2). A head trained with --unroll N is saved as eagle-unrollN.",
+    ),
 ):
     """Train drafters that share the target's tokenizer by distillation (forward KL on its top-k).
 
@@ -694,7 +701,7 @@ def distill(
     teacher = distillation.TeacherConfig(
         target, generate, max_new_tokens, teacher_forced, top_k, data_dir=str(Path(data_dir).resolve())
     )
-    overrides = {"epochs": epochs, "lr": lr, "seed": seed, "draft_vocab": draft_vocab}
+    overrides = {"epochs": epochs, "lr": lr, "seed": seed, "draft_vocab": draft_vocab, "unroll": unroll}
     students = [distillation.student_config(s, **overrides) for s in size]
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn())
     columns += (TextColumn("{task.fields[stats]}"), TimeElapsedColumn())

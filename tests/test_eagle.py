@@ -40,6 +40,7 @@ def random_head(
     vocab: torch.Tensor | None = None,
     static: bool = False,
     attention: str = "sdpa",
+    step_graph: bool = False,
 ) -> eagle.EagleDrafter:
     torch.manual_seed(seed)
     module = eagle.EagleHead.for_target(target.model)
@@ -47,7 +48,7 @@ def random_head(
     module = module.to(weight.dtype)
     embeddings = target.model.get_input_embeddings()
     lm_head = draft_head(weight, vocab)
-    return eagle.EagleDrafter("head", module, embeddings, lm_head, target.name, static, attention)
+    return eagle.EagleDrafter("head", module, embeddings, lm_head, target.name, static, attention, step_graph)
 
 
 class Recording:
@@ -171,6 +172,81 @@ def test_eagle_greedy_is_the_target_greedy_output(engine, static, shape, tiny_mo
     assert drafting <= out.forwards["head"]["forward_passes"] <= depth * drafting
 
 
+# (depth, branch, frontier, nodes): a chain; trees reranked; frontier wider than a level; every node kept
+@pytest.mark.parametrize("shape", [(5, 1, 1, 5), (6, 4, 4, 24), (4, 3, 2, 10), (3, 2, 5, 20)])
+def test_the_step_graphs_tree_is_the_host_loops_tree(shape, tiny_model, monkeypatch):
+    """EagleDrafter.greedy_tree (every level at fixed shapes, masks and reranking on the device, run
+    uncaptured here) drafts draft_tree's tree node for node, and counts one head pass a level."""
+    from specbench.drafters import head_graphs
+
+    monkeypatch.setattr(head_graphs, "CAPACITY_STEP", 16)  # the cache grows mid-run: the levels re-built
+    depth, branch, frontier, nodes = shape
+    weights = tiny_model("tiny-llama", 2, vocab_size=24, init_std=0.3).double()
+    prompt = torch.tensor([3, 4, 5, 2, 7, 9, 1])
+    vocab = torch.tensor([0, 1, 2, 3, 5, 7, 8, 9, 11, 13, 17, 19, 23])  # a draft vocabulary
+    trees = {}
+    real = tree_speculative.draft_tree
+    for step_graph in (False, True):
+        drawn = trees[step_graph] = []
+
+        def recording(*args, drawn=drawn, **kwargs):
+            tree = real(*args, **(kwargs | {"stop_early": False}))
+            drawn.append((tree.tokens.tolist(), tree.parents))
+            return tree
+
+        monkeypatch.setattr(tree_speculative, "draft_tree", recording)
+        target = HFModel(weights, "t")
+        drafter = random_head(target, 2, vocab, static=True, step_graph=step_graph)
+        out = tree_speculative.generate(
+            target,
+            drafter,
+            prompt,
+            depth=depth,
+            branch=branch,
+            frontier=frontier,
+            nodes=nodes,
+            max_new_tokens=24,
+        )
+        drawn.append(out)
+    host, graphed = trees[False].pop(), trees[True].pop()
+    assert trees[True] == trees[False]
+    assert max(len(parents) for _, parents in trees[True]) == min(nodes, len(trees[True][1][1]))
+    assert graphed.tokens == host.tokens and graphed.steps == host.steps
+    without_time = [{k: v for k, v in out.forwards["t"].items() if k != "seconds"} for out in (graphed, host)]
+    assert without_time[0] == without_time[1]
+    # the host loop runs the levels it needs; the graph every one: a root pass and depth - 1 levels,
+    # depth being the step's budget (shorter at the end)
+    made = [sum(a + 1 for _, a in graphed.steps[:i]) for i in range(1, len(graphed.steps))]
+    budgets = [min(depth, 24 - n - 1) for n in made]
+    assert graphed.forwards["head"]["forward_passes"] == sum(budgets)
+    assert graphed.forwards["head"]["forward_passes"] >= host.forwards["head"]["forward_passes"]
+    assert drafter._levels  # the levels ran as one unit
+
+
+def test_the_device_side_reranking_keeps_every_ancestor_of_a_kept_node():
+    #            0     1  2  3  4  5  6
+    parents = torch.tensor([-1, -1, 0, 0, 2, 4, 1])
+    kept = torch.tensor([False, False, False, False, False, True, False])  # a tie kept node 5 alone
+    assert eagle.with_ancestors(kept, parents, 4).tolist() == [True, False, True, False, True, True, False]
+    assert eagle.with_ancestors(kept, parents, 3).tolist() == [False, False, True, False, True, True, False]
+
+
+@pytest.mark.parametrize("engine", ["eager", "compiled"])
+def test_a_step_graph_heads_greedy_output_is_the_target_greedy_output(engine, tiny_model):
+    weights = tiny_model("tiny-llama", 3, vocab_size=16, init_std=0.3)
+    prompt = torch.tensor([3, 4, 5, 2, 9, 1])
+    ar = autoregressive.generate(HFModel(weights, "t"), prompt, max_new_tokens=30)
+    target = HFModel(weights, "t") if engine == "eager" else CompiledHFModel(weights, "t", quick=True)
+    if engine == "compiled":
+        target.prepare(64, hidden=True, tree_sizes=(10,))
+    drafter = random_head(HFModel(weights, "t"), 3, static=True, step_graph=True)
+    out = tree_speculative.generate(
+        target, drafter, prompt, depth=4, branch=3, frontier=2, nodes=10, max_new_tokens=30
+    )
+    assert out.tokens == ar.tokens
+    assert any(accepted > 0 for _, accepted in out.steps)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_drafting_level_dispatches_as_many_operations_whatever_its_width(temperature, tiny_model):
     """On a GPU every dispatched operation is a kernel launch, and a step of a small model is bound by
@@ -227,8 +303,10 @@ def test_eagle_sampling_reproduces_the_target_joint(tiny_model):
     assert steps[(1, 1)] > 0 and steps[(1, 0)] > 0, steps
 
 
-def test_training_lifts_the_heads_agreement_on_held_out_text(tiny_model, tmp_path):
-    """A target that continues a cycle: the head learns its next token from features and tokens."""
+@pytest.mark.parametrize("unroll", [None, 3])
+def test_training_lifts_the_heads_agreement_on_held_out_text(unroll, tiny_model, tmp_path):
+    """A target that continues a cycle: the head learns its next token from features and tokens, at
+    every unrolled step of the training-time test (2 by default, ``unroll`` when given)."""
     weights = tiny_model("tiny-llama", 4, vocab_size=300, init_std=0.3)
     target = HFModel(weights, "t")
     cycle = torch.tensor([10, 20, 30, 40, 50, 60, 70])
@@ -236,16 +314,31 @@ def test_training_lifts_the_heads_agreement_on_held_out_text(tiny_model, tmp_pat
     for i in range(24):
         ids = torch.cat([torch.tensor([5 + i % 3]), cycle.roll(-(i % 7)).repeat(3)])
         sequences.append(Sequence(ids, 1, torch.zeros(0, 1), torch.zeros(0, 1)))
-    config = type("Config", (), {"epochs": 300.0, "lr": 1e-2, "batch_tokens": 256, "seed": 0})()
+    config = type(
+        "Config", (), {"epochs": 300.0, "lr": 1e-2, "batch_tokens": 256, "seed": 0, "unroll": unroll}
+    )()
     vocab = torch.arange(300)
     with Progress(disable=True) as progress:
         head, record = train_head(
             target, sequences[:20], sequences[20:], config, vocab, progress, tmp_path / "f"
         )
     before, after = record["held_out_accuracy_before"], record["held_out_accuracy_after"]
-    assert after[0] > 0.6 and after[1] > 0.6 and after[0] > before[0] + 0.4, (before, after)
+    assert record["unroll"] == len(after) == len(before) == (unroll or 2)
+    assert min(after) > 0.6 and after[0] > before[0] + 0.4, (before, after)
     assert record["curve"][-1]["loss"] < record["curve"][0]["loss"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f-held-4.pt", "f-train-20.pt"]  # kept for reruns
+
+
+def test_a_deeper_training_time_test_is_an_eagle_option_saved_apart():
+    from specbench.training import distill
+
+    deeper = distill.student_config("eagle", unroll=3)
+    assert deeper.name == "eagle-unroll3" and deeper.manifest()["unroll"] == 3
+    default = distill.student_config("eagle")
+    # heads trained before the option keep their identity: an unset unroll is not recorded
+    assert default.name == "eagle" and "unroll" not in default.manifest()
+    with pytest.raises(SpecbenchError, match="--unroll"):
+        distill.student_config("small", unroll=3)
 
 
 def test_the_vllm_export_holds_the_heads_weights_under_vllms_names(tmp_path, tiny_model):
@@ -502,6 +595,24 @@ def test_the_attention_option_reaches_the_head_and_takes_only_sdpa_or_eager(tmp_
     result = run(tmp_path, data, "bad")
     assert result.exit_code == 2
     assert "attn_implementation" in result.output and "sdpa or eager" in result.output
+
+
+def test_the_step_graph_option_reaches_the_head_and_needs_its_static_passes(tmp_path, monkeypatch):
+    target = cached_head(tmp_path, monkeypatch)
+    resolve = {"target": target}.get
+    plain = sources.load(
+        sources.ModelRequest("head", "eagle:tiny-llama/eagle", options=(("of", "target"),)), resolve
+    )
+    assert not plain.step_graph and plain._passes is None  # a CPU: the growing cache, the host loop
+    options = (("of", "target"), ("step_graph", True))
+    drafter = sources.load(sources.ModelRequest("head", "eagle:tiny-llama/eagle", options=options), resolve)
+    assert drafter.step_graph and drafter._passes is not None  # the fixed shapes, uncaptured on a CPU
+    data = recipe()
+    data["models"].pop("medusa")
+    data["models"]["head"]["options"] |= {"step_graph": True, "cuda_graphs": False}
+    result = run(tmp_path, data, "bad")
+    assert result.exit_code == 2
+    assert "step_graph" in result.output and "cuda_graphs: false" in result.output
 
 
 class FullRows:

@@ -59,17 +59,20 @@ TINY |= {"num_key_value_heads": 2, "vocab_size": 512}
 DRAFT_VOCAB = 8192  # the trained heads' draft vocabulary (FR-Spec), the most frequent tokens
 CHAIN = {"depth": 5, "branch": 1, "frontier": 1, "nodes": 5}
 TREE = {"depth": 6, "branch": 4, "frontier": 4, "nodes": 24}
-CELLS = {  # name -> (tree parameters, head passes as CUDA graphs, the graphs' attention implementation)
-    "eagle-chain[depth=5] eager head": (CHAIN, False, None),
-    "eagle-chain[depth=5] head graphs": (CHAIN, True, None),
-    "eagle-chain[depth=5] head graphs, eager attn": (CHAIN, True, "eager"),
-    "eagle-tree[nodes=24] eager head": (TREE, False, None),
-    "eagle-tree[nodes=24] head graphs": (TREE, True, None),
-    "eagle-tree[nodes=24] head graphs, eager attn": (TREE, True, "eager"),
+CELLS = {  # name -> (tree parameters, head passes as CUDA graphs, the graphs' attention implementation,
+    # a greedy tree's levels as one graph a step: EagleDrafter.greedy_tree)
+    "eagle-chain[depth=5] eager head": (CHAIN, False, None, False),
+    "eagle-chain[depth=5] head graphs": (CHAIN, True, None, False),
+    "eagle-chain[depth=5] head graphs, eager attn": (CHAIN, True, "eager", False),
+    "eagle-chain[depth=5] step graph, eager attn": (CHAIN, True, "eager", True),
+    "eagle-tree[nodes=24] eager head": (TREE, False, None, False),
+    "eagle-tree[nodes=24] head graphs": (TREE, True, None, False),
+    "eagle-tree[nodes=24] head graphs, eager attn": (TREE, True, "eager", False),
+    "eagle-tree[nodes=24] step graph, eager attn": (TREE, True, "eager", True),
 }
 
 
-def head(weights, static: bool, attention: str | None) -> eagle.EagleDrafter:
+def head(weights, static: bool, attention: str | None, step_graph: bool = False) -> eagle.EagleDrafter:
     torch.manual_seed(1)
     module = eagle.EagleHead.for_target(weights)
     weight = weights.get_output_embeddings().weight.detach()
@@ -77,7 +80,9 @@ def head(weights, static: bool, attention: str | None) -> eagle.EagleDrafter:
     vocab = torch.arange(min(DRAFT_VOCAB, weight.shape[0]), device=weight.device)
     lm_head = draft_head(weight, vocab)
     embeddings = weights.get_input_embeddings()
-    return eagle.EagleDrafter("head", module, embeddings, lm_head, "t", static, attention or "sdpa")
+    return eagle.EagleDrafter(
+        "head", module, embeddings, lm_head, "t", static, attention or "sdpa", step_graph
+    )
 
 
 def main() -> None:
@@ -105,14 +110,14 @@ def main() -> None:
     ]
     target = CompiledHFModel(weights, "t")
     longest = args.prompt_tokens + args.new_tokens + 64
-    target.prepare(longest, hidden=True, tree_sizes=sorted({p["nodes"] for p, _, _ in cells.values()}))
-    drafters = {name: head(weights, graphs, attention) for name, (_, graphs, attention) in cells.items()}
+    target.prepare(longest, hidden=True, tree_sizes=sorted({p["nodes"] for p, *_ in cells.values()}))
+    drafters = {name: head(weights, *cell[1:]) for name, cell in cells.items()}
     rows: dict[str, list[dict]] = {"ar": [], **{name: [] for name in cells}}
     for index, prompt in enumerate(prompts):  # prompt 0: compiling and capturing, not timed
         ar = autoregressive.generate(target, prompt, max_new_tokens=args.new_tokens)
         if index:
             rows["ar"].append({"s": ar.walltime, "tokens": len(ar.tokens), "steps": len(ar.tokens)})
-        for name, (params, _, _) in cells.items():
+        for name, (params, *_) in cells.items():
             out = tree_speculative.generate(
                 target, drafters[name], prompt, max_new_tokens=args.new_tokens, **params
             )
@@ -165,7 +170,7 @@ def main() -> None:
     print(f"every output identical to AR; AR walltime spread over prompts {spread:.1%}")
     if args.syncs and device.type == "cuda":
         print(f"{'cell':46} {'syncs/step':>10}  (one prompt, torch.cuda.set_sync_debug_mode)")
-        for name, (params, _, _) in cells.items():
+        for name, (params, *_) in cells.items():
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 torch.cuda.set_sync_debug_mode("warn")
@@ -177,7 +182,7 @@ def main() -> None:
             print(f"{name:46} {syncs / len(out.steps):10.2f}")
     print(f"# {time.perf_counter() - began:.0f} s in all")
     if args.profile:
-        name, (params, _, _) = next(iter(cells.items()))
+        name, (params, *_) = next(iter(cells.items()))
         profiler = cProfile.Profile()
         profiler.enable()
         tree_speculative.generate(

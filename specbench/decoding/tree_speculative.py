@@ -90,6 +90,11 @@ def draft_tree(
     can be kept (the same tree; the tests' reference)."""
     device = tokens.device
     empty = TokenTree(tokens[:0], ())
+    if depth > 0 and sampling.greedy and getattr(drafter, "step_graph", False):  # the same tree in one go
+        tree = drafter.greedy_tree(
+            tokens, last, accepted, depth=depth, branch=branch, frontier=frontier, nodes=nodes
+        )
+        return empty if tree is None else tree
     root = drafter.root(tokens, last, accepted) if depth > 0 else None
     if root is None:
         return empty

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.drafters.head_graphs import StaticHeadPasses
+from specbench.drafters.head_graphs import StaticHeadPasses, capture
 from specbench.drafters.heads import draft_vocab_head, follow_linear, read_manifest
 from specbench.errors import SpecbenchError
 from specbench.models.base import LAST, ForwardCounter, Pass
@@ -106,6 +106,7 @@ class EagleDrafter:
         target_name: str,
         static: bool | None = None,
         attention: str = "sdpa",
+        step_graph: bool = False,
     ):
         self.name = name
         self.head = head.eval()
@@ -126,6 +127,10 @@ class EagleDrafter:
         # uncaptured, as the tests check them)
         self.static = self.device.type == "cuda" if static is None else static
         self._passes = StaticHeadPasses(head, embeddings, lm_head, graphs=True) if self.static else None
+        # a greedy tree's levels at fixed shapes in one go (greedy_tree), replayed as one CUDA graph on
+        # a GPU; needs the static passes
+        self.step_graph = step_graph and self._passes is not None
+        self._levels: dict[tuple, tuple] = {}  # tree shape -> (graph or None, inputs, outputs, capacity)
 
     def start(self, prompt_ids: torch.Tensor) -> None:
         from transformers import DynamicCache
@@ -218,8 +223,135 @@ class EagleDrafter:
             self._slots[node] = cached + row
         return logits.to(tokens.device)
 
+    @torch.inference_mode()
+    def greedy_tree(
+        self,
+        tokens,
+        last: Pass | None,
+        accepted: list[int],
+        *,
+        depth: int,
+        branch: int,
+        frontier: int,
+        nodes: int,
+    ) -> TokenTree | None:
+        """EAGLE-2's greedy tree (:func:`~specbench.decoding.tree_speculative.draft_tree`'s, node for
+        node) with every level drafted at fixed shapes and nothing read back until the end: the
+        expanded nodes, their features, slots and masks stay on the device (a node's mask row is its
+        parent's plus its own slot), the reranking's ancestor closure too, and the finished tree is read
+        once. On a GPU the levels replay as one CUDA graph per tree shape; no level is skipped (the
+        host loop's early stop needs a read), so the head runs ``depth - 1`` level passes a step.
+        None: nothing to draft from yet."""
+        root = self.root(tokens, last, accepted)
+        if root is None:
+            return None
+        shape = (depth, branch, frontier, nodes)
+        widths = _level_widths(depth, min(branch, root.shape[-1]), frontier)
+        rows = sum(widths)
+        self._passes._grow(self._pairs + rows)
+        entry = self._levels.get(shape)
+        if entry is None or entry[3] != self._passes.capacity:
+            inputs = {
+                "root": root.to(self.device).clone(),
+                "feature": self._features.clone(),
+                "pairs": torch.tensor([self._pairs], device=self.device),
+            }
+            grow = lambda static: self._grow_levels(static, shape)  # noqa: E731
+            if self._passes.graphs:
+                graph, outputs = capture(grow, inputs, self.device)
+            else:
+                graph, outputs = None, None
+            entry = self._levels[shape] = (graph, inputs, outputs, self._passes.capacity)
+        graph, inputs, outputs, _ = entry
+        started = self.counter.begin(self.device)
+        inputs["root"].copy_(root)
+        inputs["feature"].copy_(self._features)
+        inputs["pairs"].fill_(self._pairs)
+        if graph is None:
+            outputs = self._grow_levels(inputs, shape)
+        else:
+            graph.replay()
+        passes = [(width, self._pairs + sum(widths[:i])) for i, width in enumerate(widths)]
+        if passes:
+            self.counter.end_all(started, passes, self.device)
+        self._used = self._pairs + rows
+        kept, node_tokens, parents = outputs.tolist()  # the step's one read
+        keep = [i for i, k in enumerate(kept) if k]
+        index = {old: new for new, old in enumerate(keep)}
+        parents = tuple(ROOT if parents[i] == ROOT else index[parents[i]] for i in keep)
+        return TokenTree.from_host([node_tokens[i] for i in keep], parents, tokens.device)
+
+    def _grow_levels(self, inputs: dict[str, torch.Tensor], shape: tuple) -> torch.Tensor:
+        """The tree's levels from the root's logits and feature (``inputs``): [3, M] (kept, token,
+        parent) of its M drafted nodes in :func:`draft_tree`'s order; fixed shapes, no reads."""
+        depth, branch, frontier, nodes = shape
+        capacity, device = self._passes.capacity, self.device
+        slots = torch.arange(capacity, device=device)
+        pairs = inputs["pairs"]
+        masks = (slots < pairs)[None]  # [rows, capacity]: the slots each expanded node's subtree sees
+        probs, features = torch.softmax(inputs["root"], dim=-1), inputs["feature"]
+        path_probability = torch.ones(1, dtype=probs.dtype, device=device)
+        expanded = torch.full((1,), ROOT, device=device)  # the expanded nodes' indices
+        level_tokens, level_scores, level_parents = [], [], []
+        drafted, offset = 0, 0
+        for level in range(depth):
+            width = min(branch, probs.shape[-1])
+            picked = torch.topk(probs, width, dim=-1).indices
+            scores = (path_probability[:, None] * probs.gather(-1, picked)).flatten()
+            picked = picked.flatten()
+            level_tokens.append(self.vocabulary[picked] if self.vocabulary is not None else picked)
+            level_scores.append(scores)
+            level_parents.append(expanded[:, None].expand(-1, width).flatten())  # no size read
+            first, drafted = drafted, drafted + scores.shape[0]
+            if level == depth - 1:
+                break
+            ranked = scores.topk(min(frontier, scores.shape[0])).indices
+            rows = ranked.shape[0]
+            path_probability, parent_row = scores[ranked], ranked // width
+            own = pairs + offset + torch.arange(rows, device=device)
+            masks = masks[parent_row] | (slots[None] == own[:, None])
+            out, logits = self._passes._forward(
+                {
+                    "tokens": level_tokens[-1][ranked],
+                    "features": features[parent_row],
+                    "positions": (pairs + level).expand(rows),
+                    "mask": additive_mask(masks, self.dtype)[None, None],
+                    "slots": own,
+                }
+            )
+            probs, features = torch.softmax(logits, dim=-1), out
+            expanded, offset = first + ranked, offset + rows
+        scores, parents = torch.cat(level_scores), torch.cat(level_parents)
+        if scores.shape[0] > nodes:  # EAGLE-2's reranking: the best nodes and all their ancestors
+            best = scores.topk(nodes).indices
+            kept = torch.zeros(scores.shape[0], dtype=torch.bool, device=device).index_fill_(0, best, True)
+            kept = with_ancestors(kept, parents, depth)
+        else:
+            kept = torch.ones(scores.shape[0], dtype=torch.bool, device=device)
+        return torch.stack([kept.long(), torch.cat(level_tokens), parents])
+
     def rollback(self, n_tokens: int) -> None:
         pass  # the next root drops the tree entries; committed positions are re-read from the target
+
+
+def with_ancestors(kept: torch.Tensor, parents: torch.Tensor, depth: int) -> torch.Tensor:
+    """``kept`` (bool [M]) with every ancestor of a kept node (``parents``: [M], ROOT for the root's
+    children) in a tree of ``depth`` levels, at fixed shapes: one parent step at a time. A child's path
+    probability is at most its parent's, so only ties can keep a node without its parent."""
+    for _ in range(depth - 1):
+        reached = torch.zeros(kept.shape[0] + 1, dtype=torch.int32, device=kept.device)
+        reached.index_add_(0, parents + 1, kept.int())
+        kept = kept | (reached[1:] > 0)
+    return kept
+
+
+def _level_widths(depth: int, branch: int, frontier: int) -> list[int]:
+    """The rows of each level pass of a greedy tree drafted to its full depth: the nodes expanded."""
+    widths, candidates = [], branch
+    for _ in range(depth - 1):
+        widths.append(min(frontier, candidates))
+        candidates = widths[-1] * branch
+    return widths
 
 
 def save(folder: Path, head: EagleHead, manifest: dict) -> None:
@@ -273,12 +405,19 @@ class HeadForEngine:
 
 
 def load(
-    folder: Path, name: str, target, where: str, cuda_graphs: bool = True, attn_implementation: str = "sdpa"
+    folder: Path,
+    name: str,
+    target,
+    where: str,
+    cuda_graphs: bool = True,
+    attn_implementation: str = "sdpa",
+    step_graph: bool = False,
 ) -> EagleDrafter:
     """The head in ``folder`` on ``target`` (an HFModel): refused with one line when it was trained for
     another hidden size, vocabulary, layer count or decoder layer shape. ``cuda_graphs``: on a GPU, its
     passes replayed as CUDA graphs (else eager, as on a CPU); ``attn_implementation``: its layer's
-    attention, sdpa or eager (:data:`HEAD_ATTENTION`)."""
+    attention, sdpa or eager (:data:`HEAD_ATTENTION`); ``step_graph``: with ``cuda_graphs`` on a GPU,
+    a greedy tree's levels as one graph (:meth:`EagleDrafter.greedy_tree`)."""
     from safetensors.torch import load_file
 
     manifest = read_manifest(folder, (MANIFEST, HEAD_FILE), "eagle", "EAGLE head", target, where)
@@ -295,8 +434,10 @@ def load(
     weight = target.model.get_output_embeddings().weight.detach()
     head = head.to(device=weight.device, dtype=weight.dtype)
     embeddings = target.model.get_input_embeddings()
-    static = None if cuda_graphs else False
+    static = True if step_graph else None if cuda_graphs else False
     lm_head = draft_vocab_head(target, manifest)
-    drafter = EagleDrafter(name, head, embeddings, lm_head, target.name, static, attn_implementation)
+    drafter = EagleDrafter(
+        name, head, embeddings, lm_head, target.name, static, attn_implementation, step_graph
+    )
     follow_linear(target, drafter.head, drafter.lm_head)
     return drafter

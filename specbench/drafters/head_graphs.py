@@ -142,13 +142,21 @@ class StaticHeadPasses:
         """Capture the pass of these inputs' shape. The warm-up runs compute this very pass (its
         rows' keys and values written to the same slots), so running it again is harmless."""
         static = {name: value.clone() for name, value in inputs.items()}
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._forward(static)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            outputs = self._forward(static)
+        graph, outputs = capture(self._forward, static, self.device)
         return graph, static, outputs
+
+
+def capture(function, static: dict[str, torch.Tensor], device: torch.device):
+    """(graph, outputs): ``function(static)`` captured as a CUDA graph, after two warm-up runs on a side
+    stream (which must be harmless to repeat: the same inputs write the same cache entries). Replay
+    after copying new values into ``static``; ``outputs`` then hold the results."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            function(static)
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        outputs = function(static)
+    return graph, outputs

@@ -75,9 +75,15 @@ class ForwardCounter:
 
     def end(self, started: object, tokens: int, device: torch.device, context: int = 0) -> None:
         """A decoder pass that fed ``tokens`` after ``context`` cached positions has ended."""
-        self.forward_passes += 1
-        self.tokens_scored += tokens
-        self._shape(tokens, context)
+        self.end_all(started, [(tokens, context)], device)
+
+    def end_all(self, started: object, passes: list[tuple[int, int]], device: torch.device) -> None:
+        """Decoder passes run as one unit (a replayed graph of several), each ``(tokens, context)``,
+        have ended: their time is the unit's."""
+        for tokens, context in passes:
+            self.forward_passes += 1
+            self.tokens_scored += tokens
+            self._shape(tokens, context)
         self._stop(started, device)
 
     def end_encoder(self, started: object | None, tokens: int, device: torch.device) -> None:

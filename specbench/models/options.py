@@ -26,7 +26,7 @@ LOADER_OPTIONS = (
 )
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 ATTENTION = ("eager", "sdpa", "flash_attention_2", "flex_attention")
-BOOLEAN_OPTIONS = ("trust_remote_code", "low_cpu_mem_usage", "cuda_graphs")
+BOOLEAN_OPTIONS = ("trust_remote_code", "low_cpu_mem_usage", "cuda_graphs", "step_graph")
 
 
 def option_bounds_problem(options: dict, bounds: dict) -> tuple[str, str, str] | None:

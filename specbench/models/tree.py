@@ -74,6 +74,13 @@ class TokenTree:
         return seen.to(device)
 
     @classmethod
+    def from_host(cls, tokens: list[int], parents: tuple[int, ...], device) -> TokenTree:
+        """A tree built on the host (its tokens as Python ints, kept: no read back)."""
+        tree = cls(torch.tensor(tokens, dtype=torch.long, device=device), parents)
+        tree.__dict__["host_tokens"] = list(tokens)  # the cached_property's slot
+        return tree
+
+    @classmethod
     def chain(cls, tokens: torch.Tensor, q: torch.Tensor | None = None) -> TokenTree:
         """A chain draft as a tree (each token the child of the one before)."""
         return cls(tokens, tuple(range(-1, tokens.shape[0] - 1)), q)

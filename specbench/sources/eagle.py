@@ -4,14 +4,17 @@ from ``<cache>/drafters/<target>/<name>`` (:mod:`specbench.drafters.eagle`). ``c
 true): on a GPU, the head's passes run at fixed shapes over a static cache, replayed as CUDA graphs
 (:mod:`specbench.drafters.head_graphs`); false runs them eagerly (no effect on a CPU).
 ``attn_implementation`` (default sdpa): the head's layer's attention, sdpa or eager (transformers'
-matmul-softmax-matmul, faster for a head's few rows on an H100)."""
+matmul-softmax-matmul, faster for a head's few rows on an H100). ``step_graph`` (default false): with
+``cuda_graphs`` on a GPU, a greedy tree's levels run as one graph a step, every level drafted and the
+tree read once (:meth:`~specbench.drafters.eagle.EagleDrafter.greedy_tree`; the same trees); on a CPU
+the same fixed shapes run uncaptured (a check of the GPU's path, slower than the default)."""
 
 from __future__ import annotations
 
 from specbench.sources.heads import heads_source
 
 
-def _attention_problem(source: str, options: dict):
+def _options_problem(source: str, options: dict):
     from specbench.drafters.eagle import HEAD_ATTENTION
 
     attention = options.get("attn_implementation", "sdpa")
@@ -20,6 +23,12 @@ def _attention_problem(source: str, options: dict):
             "attn_implementation",
             f"an EAGLE head's attention is sdpa or eager, not {attention!r} (its tree mask is arbitrary)",
             "write attn_implementation: sdpa or eager",
+        )
+    if options.get("step_graph") and options.get("cuda_graphs") is False:
+        return (
+            "step_graph",
+            "a step graph replays the head's fixed-shape passes, which cuda_graphs: false turns off",
+            "drop one of step_graph: true and cuda_graphs: false",
         )
     return None
 
@@ -31,6 +40,6 @@ SOURCE = heads_source(
     parameters=lambda m: m["parameters"],
     order=36,
     for_engine="HeadForEngine",
-    options=("cuda_graphs", "attn_implementation"),
-    check=_attention_problem,
+    options=("cuda_graphs", "attn_implementation", "step_graph"),
+    check=_options_problem,
 )

@@ -57,6 +57,17 @@ class StudentConfig:
     batch_tokens: int = 2048
     seed: int = 0
     draft_vocab: int = 0  # 0: the head scores every token; N: only the N most frequent (FR-Spec)
+    unroll: int | None = None  # EAGLE only: training-time test steps (None: training.eagle.UNROLL)
+
+    @property
+    def name(self) -> str:
+        """The drafter's folder under <cache>/drafters/<target>/ (and its name in recipes)."""
+        return self.size if self.unroll is None else f"{self.size}-unroll{self.unroll}"
+
+    def manifest(self) -> dict:
+        """The configuration as recorded in distill.json; an unset ``unroll`` is left out, so the
+        identity of heads trained before the option existed stays what their rows carry."""
+        return {k: v for k, v in asdict(self).items() if not (k == "unroll" and v is None)}
 
 
 STUDENTS = {
@@ -88,6 +99,10 @@ def student_config(size: str, **overrides) -> StudentConfig:
             "--size",
             f"unknown drafter size {size!r}",
             "use small, base, micro, mini, medusa, eagle or exit<N> (e.g. exit4)",
+        )
+    if overrides.get("unroll") is not None and size != "eagle":
+        raise SpecbenchError(
+            "--unroll", f"--size {size} has no training-time test", "pass --unroll with --size eagle only"
         )
     return StudentConfig(**(asdict(base) | {k: v for k, v in overrides.items() if v is not None}))
 
@@ -304,7 +319,7 @@ def distill(
             "size": config.size,
             "parameters": sum(p.numel() for p in student.parameters()),
             "teacher": asdict(teacher) | {"origin": getattr(target, "origin", ""), "key": teacher.key()},
-            "student": asdict(config),
+            "student": config.manifest(),
             **record,
         }
         saved.append(save_student(student, target, config.size, manifest, vocab))
@@ -335,10 +350,10 @@ def _train_heads(target, teacher: TeacherConfig, train, held_out, config: Studen
         "draft_vocab": vocab.tolist(),
         "parameters": sum(p.numel() for p in module.parameters()),
         "teacher": asdict(teacher) | {"origin": getattr(target, "origin", ""), "key": teacher.key()},
-        "student": asdict(config),
+        "student": config.manifest(),
         **record,
     }
-    folder = cache.distilled_dir(f"{_slug(teacher.target)}/{config.size}")
+    folder = cache.distilled_dir(f"{_slug(teacher.target)}/{config.name}")
     if config.size == "medusa":
         medusa.save(folder, module, manifest)
         medusa.save_vllm(folder / "vllm", module, target.model.get_output_embeddings().weight, vocab)
@@ -348,7 +363,7 @@ def _train_heads(target, teacher: TeacherConfig, train, held_out, config: Studen
     (folder / "distill.json").write_text(
         json.dumps({k: v for k, v in manifest.items() if k != "draft_vocab"}, indent=1)
     )
-    write_training_curve(folder / "training_curve.png", record, f"{config.size} on {teacher.target}")
+    write_training_curve(folder / "training_curve.png", record, f"{config.name} on {teacher.target}")
     return folder
 
 

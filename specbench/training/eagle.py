@@ -32,7 +32,9 @@ NOISE = 0.1  # EAGLE's uniform feature noise, U(-NOISE, NOISE)
 # needs (EAGLE-3 drops the feature loss altogether), and after one epoch it gave 41.9% held-out top-1
 # agreement against 39.6% at 0.1 (SmolLM2-135M, 2-core AMD EPYC)
 CLASSIFICATION_WEIGHT = 1.0
-UNROLL = 2  # teacher-forced step, then one step on the head's own features (EAGLE-3's training-time test)
+# teacher-forced step, then one step on the head's own features (EAGLE-3's training-time test); a
+# StudentConfig's ``unroll`` asks for more
+UNROLL = 2
 MAX_SEQUENCE = 512
 
 
@@ -87,15 +89,15 @@ def _padded_causal(lengths: list[int], width: int) -> torch.Tensor:
     return mask
 
 
-def unrolled(head: EagleHead, embed, ids, f, mask, noise: torch.Generator | None):
-    """The head's predictions for each unrolled step (:data:`UNROLL`): [B, L - 1, H] each."""
+def unrolled(head: EagleHead, embed, ids, f, mask, noise: torch.Generator | None, steps: int = UNROLL):
+    """The head's predictions for each of ``steps`` unrolled steps: [B, L - 1, H] each."""
     inputs = embed[ids[:, 1:]]
     positions = torch.arange(ids.shape[1] - 1).expand(ids.shape[0], -1)
     features = f[:, :-1]
     if noise is not None:
         features = features + (torch.rand(features.shape, generator=noise) * 2 - 1) * NOISE
     out = []
-    for _ in range(UNROLL):
+    for _ in range(steps):
         predicted = head(inputs, features, positions, mask)
         out.append(predicted)
         # the next step reads at t the head's prediction of f_t (made at t - 1)
@@ -113,17 +115,19 @@ def _loss(predicted, target_f, weight, supervised):
 
 
 @torch.no_grad()
-def accuracy(head, embed, full_weight, vocab, sequences, features, batch_tokens: int) -> list[float]:
+def accuracy(
+    head, embed, full_weight, vocab, sequences, features, batch_tokens: int, steps: int = UNROLL
+) -> list[float]:
     """Per unrolled step, how often the head's next token (argmax over the draft vocabulary) is the
     target's greedy token (argmax over the whole vocabulary) at the answer positions."""
-    hits, count = [0.0] * UNROLL, 0
+    hits, count = [0.0] * steps, 0
     weight = full_weight[vocab]
     for group in batches(sequences, batch_tokens, torch.Generator().manual_seed(0)):
         ids, f, supervised = _stack(sequences, features, group)
         lengths = [sequences[i].ids.shape[0] - 1 for i in group]
-        steps = unrolled(head, embed, ids, f, _padded_causal(lengths, ids.shape[1] - 1), None)
+        predictions = unrolled(head, embed, ids, f, _padded_causal(lengths, ids.shape[1] - 1), None, steps)
         greedy = (f[:, 1:][supervised] @ full_weight.T).argmax(-1)
-        for step, predicted in enumerate(steps):
+        for step, predicted in enumerate(predictions):
             # every step predicts f_{t+1}; the second reads at t the head's own prediction of f_t
             guess = vocab[(predicted[supervised] @ weight.T).argmax(-1)]
             hits[step] += float((guess == greedy).sum())
@@ -132,10 +136,12 @@ def accuracy(head, embed, full_weight, vocab, sequences, features, batch_tokens:
 
 
 def train_head(target, train, held_out, config, vocab, progress, features_at: Path):
-    """Train an EAGLE head on ``target`` (``config``: epochs, lr, batch_tokens, seed); returns (head,
+    """Train an EAGLE head on ``target`` (``config``: epochs, lr, batch_tokens, seed, unroll: None for
+    :data:`UNROLL`); returns (head,
     record with the loss curve and the held-out accuracy of each unrolled step). The target's
     features are kept at ``features_at``-{train,held}-<count>.pt."""
     torch.manual_seed(config.seed)
+    depth = config.unroll or UNROLL
     train = [s for s in train if s.ids.shape[0] <= MAX_SEQUENCE]
     held_out = [s for s in held_out if s.ids.shape[0] <= MAX_SEQUENCE]
     f_train = cached_features(target, train, Path(f"{features_at}-train-{len(train)}.pt"), progress)
@@ -144,7 +150,7 @@ def train_head(target, train, held_out, config, vocab, progress, features_at: Pa
     embed = target.model.get_input_embeddings().weight.detach().float()
     full_weight = target.model.get_output_embeddings().weight.detach().float()
     weight = full_weight[vocab]
-    before = accuracy(head, embed, full_weight, vocab, held_out, f_held, config.batch_tokens)
+    before = accuracy(head, embed, full_weight, vocab, held_out, f_held, config.batch_tokens, depth)
     generator = torch.Generator().manual_seed(config.seed)
     noise = torch.Generator().manual_seed(config.seed + 1)
     plan = [
@@ -165,8 +171,8 @@ def train_head(target, train, held_out, config, vocab, progress, features_at: Pa
         ids, f, supervised = _stack(train, f_train, group)
         lengths = [train[i].ids.shape[0] - 1 for i in group]
         mask = _padded_causal(lengths, ids.shape[1] - 1)
-        steps = unrolled(head, embed, ids, f, mask, noise)
-        loss = sum(_loss(predicted, f[:, 1:], weight, supervised) for predicted in steps) / len(steps)
+        predictions = unrolled(head, embed, ids, f, mask, noise, depth)
+        loss = sum(_loss(p, f[:, 1:], weight, supervised) for p in predictions) / len(predictions)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(head.parameters(), 0.5)
@@ -177,13 +183,13 @@ def train_head(target, train, held_out, config, vocab, progress, features_at: Pa
             curve.append({"step": step, "loss": round(loss.item(), 4), "seconds": seconds})
             progress.update(task, stats=f"loss {loss.item():.3f}")
         progress.advance(task)
-    after = accuracy(head, embed, full_weight, vocab, held_out, f_held, config.batch_tokens)
+    after = accuracy(head, embed, full_weight, vocab, held_out, f_held, config.batch_tokens, depth)
     record = {
         "sequences": len(train),
         "max_sequence": MAX_SEQUENCE,
         "positions": int(sum(s.ids.shape[0] for s in train)),
         "steps": len(plan),
-        "unroll": UNROLL,
+        "unroll": depth,
         "noise": NOISE,
         "classification_weight": CLASSIFICATION_WEIGHT,
         "curve": curve,
