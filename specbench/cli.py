@@ -672,6 +672,20 @@ def distill(
         "gives the others probability 0, which keeps decoding lossless and each pass cheaper. "
         "0 = the whole vocabulary (default per size: 8192; exit heads always 0).",
     ),
+    extra_prompts: list[str] = typer.Option(
+        [],
+        "--extra-prompts",
+        help="Further prompts the target answers greedily, as TASK:SPLIT (e.g. spec_bench:question): "
+        "every row of the split except those the --leave-out recipes evaluate. Cached apart from the "
+        "base data; the drafters are saved with +TASK-SPLIT added to their names. Repeat for several.",
+    ),
+    leave_out: list[str] = typer.Option(
+        [],
+        "--leave-out",
+        help="With --extra-prompts: a recipe whose evaluated examples (its datasets, limits and every, "
+        "as `specbench run` selects them) never become training text; repeat for several, or write "
+        "--leave-out none to state that nothing is evaluated on those splits.",
+    ),
     unroll: int = typer.Option(
         None,
         min=1,
@@ -698,8 +712,16 @@ def distill(
             "no training data folder",
             "pass --data-dir ../shared/data or set SPECBENCH_DATA_DIR",
         )
+    data_dir = str(Path(data_dir).resolve())
     teacher = distillation.TeacherConfig(
-        target, generate, max_new_tokens, teacher_forced, top_k, data_dir=str(Path(data_dir).resolve())
+        target,
+        generate,
+        max_new_tokens,
+        teacher_forced,
+        top_k,
+        data_dir=data_dir,
+        extra=tuple(extra_prompts),
+        left_out=evaluated_ids(extra_prompts, leave_out, data_dir),
     )
     overrides = {"epochs": epochs, "lr": lr, "seed": seed, "draft_vocab": draft_vocab, "unroll": unroll}
     students = [distillation.student_config(s, **overrides) for s in size]
@@ -714,6 +736,50 @@ def distill(
             f"{path}: {record['parameters'] / 1e6:.1f}M parameters, held-out top-1 agreement "
             f"{after['top1_agreement']:.1%} (before {record['held_out_before']['top1_agreement']:.1%})"
         )
+
+
+def evaluated_ids(extra: list[str], recipes: list[str], data_dir: str) -> tuple[str, ...]:
+    """The ids of the examples of the ``extra`` splits that the ``recipes`` evaluate (sorted)."""
+    import contextlib
+    import os
+
+    from specbench.pipeline.datasets import load_datasets
+    from specbench.recipe import load_recipe
+    from specbench.training.teacher import split_source
+
+    if not extra:
+        if recipes:
+            raise SpecbenchError("--leave-out", "nothing to leave out of", "use it with --extra-prompts")
+        return ()
+    if not recipes:
+        raise SpecbenchError(
+            "--extra-prompts",
+            "no recipe named whose evaluated prompts must stay out of training",
+            "add --leave-out RECIPE (repeatable), or --leave-out none if none evaluates these splits",
+        )
+    if recipes == ["none"]:
+        return ()
+    labels = {"/".join(split_source(source)) for source in extra}
+    ids: set[str] = set()
+    for path in recipes:
+        saved = os.environ.get("SPECBENCH_DATA_DIR")
+        os.environ["SPECBENCH_DATA_DIR"] = data_dir  # the recipes' data is the training data's folder
+        try:
+            runs = load_datasets(load_recipe(path), None, lambda field: contextlib.nullcontext())
+        finally:
+            if saved is None:
+                del os.environ["SPECBENCH_DATA_DIR"]
+            else:
+                os.environ["SPECBENCH_DATA_DIR"] = saved
+        chosen = [run for run in runs if run.label in labels]
+        if not chosen:
+            raise SpecbenchError(
+                f"--leave-out {path}",
+                f"the recipe evaluates none of {', '.join(sorted(labels))}",
+                "name the recipes that evaluate the --extra-prompts splits",
+            )
+        ids |= {example.id for run in chosen for example in run.examples}
+    return tuple(sorted(ids))
 
 
 @app.command()

@@ -239,6 +239,98 @@ def test_teacher_cache_key_follows_the_data_not_its_folder(tmp_path):
     assert here.key() != teaching.TeacherConfig("tiny-llama", top_k=8, data_dir=here.data_dir).key()
 
 
+def _spec_bench(data: Path, rows: int) -> None:
+    path = data / "spec_bench" / "question.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    items = [
+        {"question_id": 100 + i, "category": "qa", "turns": [f"What is {i} plus {i}?"]} for i in range(rows)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in items))
+
+
+def _evaluating_recipe(path: Path) -> Path:
+    path.write_text(
+        "name: eval\nmodels:\n  t: {source: tiny-llama}\n"
+        "datasets:\n  - {task: spec_bench, split: question, limit: 2, every: 3}\n"
+        "methods:\n  - {name: ar, method: autoregressive, target: t}\n"
+    )
+    return path
+
+
+def test_extra_prompts_are_answered_apart_and_never_what_a_recipe_evaluates(
+    tmp_path, monkeypatch, one_thread
+):
+    """--extra-prompts adds a split's rows but those --leave-out's recipes evaluate (rows 0 and 3 of 7
+    here: limit 2, every 3), cached beside the untouched base data; the drafter gets its own name."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    data = _data_dir(tmp_path / "data")
+    _spec_bench(data, 7)
+    recipe = _evaluating_recipe(tmp_path / "eval.yaml")
+    common = ["distill", "--target", "tiny-llama", "--data-dir", str(data), "--size", "small"]
+    common += [
+        "--generate",
+        "6",
+        "--teacher-forced",
+        "6",
+        "--max-new-tokens",
+        "6",
+        "--top-k",
+        "8",
+        "--epochs",
+        "1",
+    ]
+    answered = []
+    real = teaching._generated
+
+    def recording(target, prompts, config, progress):
+        answered.append([target.tokenizer.decode(p) for p in prompts])
+        return real(target, prompts, config, progress)
+
+    monkeypatch.setattr(teaching, "_generated", recording)
+    assert CliRunner().invoke(app, common).exit_code == 0
+    base_files = sorted(p.name for p in (tmp_path / "cache" / "distill" / "tiny-llama").iterdir())
+    result = CliRunner().invoke(
+        app, [*common, "--extra-prompts", "spec_bench:question", "--leave-out", str(recipe)]
+    )
+    assert result.exit_code == 0, result.output
+    extra = answered[-1]  # the base data came from the cache: only the extras were answered
+    assert len(answered) == 2 and len(extra) == 5
+    assert not any("What is 0 plus 0" in p or "What is 3 plus 3" in p for p in extra)
+    assert all(any(f"What is {i} plus {i}" in p for p in extra) for i in (1, 2, 4, 5, 6))
+    files = sorted(p.name for p in (tmp_path / "cache" / "distill" / "tiny-llama").iterdir())
+    assert set(base_files) < set(files) and any("-extra-" in f for f in files)
+    folder = tmp_path / "cache" / "drafters" / "tiny-llama" / "small+spec_bench-question"
+    record = json.loads((folder / "distill.json").read_text())
+    assert record["teacher"]["extra"] == ["spec_bench:question"]
+    assert record["teacher"]["left_out"] == ["spec_bench/100", "spec_bench/103"]
+    plain = json.loads(
+        (tmp_path / "cache" / "drafters" / "tiny-llama" / "small" / "distill.json").read_text()
+    )
+    assert "extra" not in plain["teacher"] and "left_out" not in plain["teacher"]
+
+
+def test_extra_prompts_need_a_stated_leave_out_and_a_known_split(tmp_path, monkeypatch):
+    data = _data_dir(tmp_path / "data")
+    _spec_bench(data, 4)
+    common = ["distill", "--target", "tiny-llama", "--data-dir", str(data)]
+    result = CliRunner().invoke(app, [*common, "--extra-prompts", "spec_bench:question"])
+    assert result.exit_code == 2 and "--leave-out RECIPE" in result.output
+    result = CliRunner().invoke(app, [*common, "--extra-prompts", "nonsense", "--leave-out", "none"])
+    assert result.exit_code == 2 and "TASK:SPLIT" in result.output
+    elsewhere = tmp_path / "gsm8k_eval.yaml"
+    elsewhere.write_text(
+        _evaluating_recipe(tmp_path / "e.yaml")
+        .read_text()
+        .replace("spec_bench, split: question", "gsm8k, split: train")
+    )
+    result = CliRunner().invoke(
+        app, [*common, "--extra-prompts", "spec_bench:question", "--leave-out", str(elsewhere)]
+    )
+    assert result.exit_code == 2 and "evaluates none of spec_bench/question" in result.output
+    result = CliRunner().invoke(app, [*common, "--leave-out", "none"])
+    assert result.exit_code == 2 and "--extra-prompts" in result.output
+
+
 # -- draft vocabulary (FR-Spec head) -------------------------------------------------------------
 
 

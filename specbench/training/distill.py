@@ -270,12 +270,12 @@ def evaluate(student: nn.Module, sequences: list[Sequence], batch_tokens: int = 
     }
 
 
-def save_student(student: nn.Module, target, size: str, record: dict, vocab=None) -> Path:
-    """``save_pretrained`` (or the exit head alone) into ``<cache>/drafters/<target>/<size>``."""
-    out = cache.distilled_dir(f"{_slug(record['teacher']['target'])}/{size}")
+def save_student(student: nn.Module, target, name: str, record: dict, vocab=None) -> Path:
+    """``save_pretrained`` (or the exit head alone) into ``<cache>/drafters/<target>/<name>``."""
+    out = cache.distilled_dir(f"{_slug(record['teacher']['target'])}/{name}")
     staging = out.with_name(out.name + ".tmp")
     staging.mkdir(parents=True, exist_ok=True)
-    if size.startswith("exit"):
+    if name.startswith("exit"):
         from safetensors.torch import save_file
 
         head = student.model.norm.exit_head
@@ -318,11 +318,11 @@ def distill(
         manifest = {
             "size": config.size,
             "parameters": sum(p.numel() for p in student.parameters()),
-            "teacher": asdict(teacher) | {"origin": getattr(target, "origin", ""), "key": teacher.key()},
+            "teacher": teacher.record() | {"origin": getattr(target, "origin", ""), "key": teacher.key()},
             "student": config.manifest(),
             **record,
         }
-        saved.append(save_student(student, target, config.size, manifest, vocab))
+        saved.append(save_student(student, target, config.name + teacher.suffix(), manifest, vocab))
     return saved
 
 
@@ -349,11 +349,11 @@ def _train_heads(target, teacher: TeacherConfig, train, held_out, config: Studen
     manifest |= {
         "draft_vocab": vocab.tolist(),
         "parameters": sum(p.numel() for p in module.parameters()),
-        "teacher": asdict(teacher) | {"origin": getattr(target, "origin", ""), "key": teacher.key()},
+        "teacher": teacher.record() | {"origin": getattr(target, "origin", ""), "key": teacher.key()},
         "student": config.manifest(),
         **record,
     }
-    folder = cache.distilled_dir(f"{_slug(teacher.target)}/{config.name}")
+    folder = cache.distilled_dir(f"{_slug(teacher.target)}/{config.name}{teacher.suffix()}")
     if config.size == "medusa":
         medusa.save(folder, module, manifest)
         medusa.save_vllm(folder / "vllm", module, target.model.get_output_embeddings().weight, vocab)
@@ -363,7 +363,7 @@ def _train_heads(target, teacher: TeacherConfig, train, held_out, config: Studen
     (folder / "distill.json").write_text(
         json.dumps({k: v for k, v in manifest.items() if k != "draft_vocab"}, indent=1)
     )
-    write_training_curve(folder / "training_curve.png", record, f"{config.name} on {teacher.target}")
+    write_training_curve(folder / "training_curve.png", record, f"{folder.name} on {teacher.target}")
     return folder
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -33,10 +33,28 @@ class TeacherConfig:
     top_k: int = 32
     batch_size: int = 32
     data_dir: str = ""
+    # further prompts the target answers greedily, "task:split" (every row but those left out), e.g. the
+    # rows of an evaluation set that no recipe evaluates; kept in their own cache beside the base data
+    extra: tuple[str, ...] = ()
+    left_out: tuple[str, ...] = ()  # ids of ``extra`` examples never used (what recipes evaluate)
+
+    def record(self) -> dict:
+        """The settings as manifests record them; no extras leaves them out, so the base data's key and
+        the identity of drafters trained before extras existed stay what they were."""
+        fields = asdict(self)
+        return {k: v for k, v in fields.items() if k not in ("extra", "left_out") or v}
+
+    def base(self) -> TeacherConfig:
+        return replace(self, extra=(), left_out=())
+
+    def suffix(self) -> str:
+        """What a drafter trained with extras adds to its folder name: ``+task-split`` each."""
+        return "".join(f"+{source.replace(':', '-')}" for source in self.extra)
 
     def key(self) -> str:
         """Hash of every setting and the training files' bytes; not of where the data folder lives."""
-        fields = asdict(self) | {"data_dir": None, "data": _data_fingerprint(self.data_dir), "version": 2}
+        data = _data_fingerprint(self.data_dir, self.extra)
+        fields = self.record() | {"data_dir": None, "data": data, "version": 2}
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -62,13 +80,27 @@ def _training_file(task: str, split: str, data_dir: str) -> Path | None:
     return None
 
 
-def _data_fingerprint(data_dir: str) -> str:
+def _data_fingerprint(data_dir: str, extra: tuple[str, ...] = ()) -> str:
     digest = hashlib.sha256()
-    for task, split in sorted(set(GENERATE_FROM + TEACHER_FORCE_FROM)):
+    for task, split in sorted(set(GENERATE_FROM + TEACHER_FORCE_FROM)) + [split_source(e) for e in extra]:
         path = _training_file(task, split, data_dir)
         if path is not None:
             digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
+
+
+def split_source(source: str) -> tuple[str, str]:
+    """``"task:split"`` -> (task, split), or a one-line error naming ``--extra-prompts``."""
+    from specbench.tasks import TASKS
+
+    task, _, split = source.partition(":")
+    if not split or task not in TASKS:
+        raise SpecbenchError(
+            f"--extra-prompts {source}",
+            "not a task:split of a known task",
+            f"write TASK:SPLIT with TASK one of {', '.join(sorted(TASKS))} (e.g. spec_bench:question)",
+        )
+    return task, split
 
 
 def _training_file_or_fail(task: str, split: str, data_dir: str) -> Path:
@@ -192,10 +224,43 @@ def _answer_ids(target, example, answer: str) -> tuple[torch.Tensor, torch.Tenso
 
 
 def teacher_data(target, config: TeacherConfig, progress) -> list[Sequence]:
-    """The cached teacher data for ``config`` (built once with the target, then read from disk)."""
-    path = cache.cache_dir() / "distill" / _slug(config.target) / f"teacher-{config.key()}.pt"
+    """The cached teacher data for ``config`` (built once with the target, then read from disk): the
+    base data, then the extra prompts' answers (cached apart, so adding extras keeps the base)."""
+    folder = cache.cache_dir() / "distill" / _slug(config.target)
+    base = config.base()
+    sequences = _cached(folder / f"teacher-{base.key()}.pt", lambda: _base_data(target, base, progress))
+    if config.extra:
+        extra = folder / f"teacher-{base.key()}-extra-{config.key()}.pt"
+        sequences += _cached(extra, lambda: _extra_data(target, config, progress))
+    return sequences
+
+
+def extra_examples(config: TeacherConfig) -> list:
+    """The examples of ``config.extra``, every row but the ids ``config.left_out``."""
+    left_out, examples = set(config.left_out), []
+    for source in config.extra:
+        task, split = split_source(source)
+        examples += [e for e in _examples(task, split, config.data_dir) if e.id not in left_out]
+    return examples
+
+
+def _extra_data(target, config: TeacherConfig, progress) -> list[Sequence]:
+    prompts = [_prompt_ids(target, e) for e in extra_examples(config)]
+    return _generated(target, prompts, config, progress)
+
+
+def _cached(path: Path, build) -> list[Sequence]:
     if path.is_file():
         return [Sequence(**row) for row in torch.load(path, weights_only=True)]
+    sequences = build()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".tmp")
+    torch.save([asdict(s) for s in sequences], staging)
+    staging.rename(path)  # a killed run never leaves a half-written cache
+    return sequences
+
+
+def _base_data(target, config: TeacherConfig, progress) -> list[Sequence]:
     generated = []
     for task, split in GENERATE_FROM:  # the small sources first and whole, GSM8K fills the rest
         generated += _examples(task, split, config.data_dir)[: config.generate - len(generated)]
@@ -208,10 +273,6 @@ def teacher_data(target, config: TeacherConfig, progress) -> list[Sequence]:
         forced += pool[-config.teacher_forced :]  # from the end, away from the generated prompts
     sequences = _generated(target, [_prompt_ids(target, e) for e in generated], config, progress)
     sequences += _teacher_forced(target, [_answer_ids(target, e, a) for e, a in forced], config, progress)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(".tmp")
-    torch.save([asdict(s) for s in sequences], staging)
-    staging.rename(path)  # a killed run never leaves a half-written cache
     return sequences
 
 
