@@ -14,7 +14,8 @@ Drafting (:class:`EagleDrafter`): after each verification the head reads the tar
 every position just committed (one pass, its KV cache extended), then grows the tree a level at a time,
 each expanded node fed its parent's predicted feature and its own token, under tree attention. The
 head's tree entries are dropped before the next step, which re-reads the accepted positions with the
-target's true features.
+target's true features. With ``step_graph`` a greedy tree is drafted whole at fixed shapes instead
+(:meth:`EagleDrafter.greedy_tree`: the same tree, read once), which a GPU replays as one CUDA graph.
 
 Saved as ``eagle_head.safetensors`` + ``eagle.json`` (the target's config fields it was built with,
 the draft vocabulary, the training record) in ``<cache>/drafters/<target>/eagle``; loaded by the
