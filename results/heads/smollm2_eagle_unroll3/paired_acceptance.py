@@ -1,0 +1,43 @@
+"""The acceptance length of each cell of the second head against the same cell of the first, paired by
+prompt: the report's "acc. len" (generated tokens / target steps, a ratio of sums over the prompts) and
+a 95% percentile bootstrap interval of the difference (prompts resampled together, B = 2000, seed 0).
+
+    python results/heads/smollm2_eagle_unroll3/paired_acceptance.py RUN [FIRST] [SECOND]
+"""
+
+import json
+import random
+import sys
+from pathlib import Path
+
+
+def per_prompt(rows, cell):
+    return {r["example_id"]: (r["n_tokens"], len(r["steps"])) for r in rows if r["cell"] == cell}
+
+
+def length(by_prompt, prompts):
+    return sum(by_prompt[p][0] for p in prompts) / sum(by_prompt[p][1] for p in prompts)
+
+
+def main() -> None:
+    run = Path(sys.argv[1])
+    first, second = (sys.argv[2:4] + ["eagle", "eagle-unroll3"][len(sys.argv[2:4]) :])[:2]
+    rows = [json.loads(line) for line in (run / "examples.jsonl").open()]
+    print(f"# python {' '.join(sys.argv)}")
+    print(f"{'cell':22} {first:>10} {second:>14} {'difference [95%]':>26}")
+    for cell in sorted({r["cell"] for r in rows if r["drafter"] == first}):
+        a, b = per_prompt(rows, cell), per_prompt(rows, cell.replace(first, second, 1))
+        prompts = sorted(a)
+        rng, diffs = random.Random(0), []
+        for _ in range(2000):
+            sample = [rng.choice(prompts) for _ in prompts]
+            diffs.append(length(b, sample) - length(a, sample))
+        diffs.sort()
+        low, high = diffs[49], diffs[1950]
+        gain = length(b, prompts) - length(a, prompts)
+        interval = f"[{low:+.3f}, {high:+.3f}]"
+        print(f"{cell:22} {length(a, prompts):10.2f} {length(b, prompts):14.2f} {gain:+10.3f} {interval}")
+
+
+if __name__ == "__main__":
+    main()
