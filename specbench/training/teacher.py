@@ -1,8 +1,8 @@
-"""The distillation teacher data: prompts from training splits only (GSM8K train, MMLU dev, Alpaca seed
-tasks — never an evaluation split), the target's greedy answers with its top-k next-token
-log-probabilities, and reference answers scored by the target; built once and cached under the
-specbench cache. On request (``TeacherConfig.extra``) the target also answers a split's prompts,
-every row but those the named recipes evaluate, cached beside the base data. Every trained drafter and head (:mod:`specbench.training.distill`,
+"""The distillation teacher data: prompts from training splits (GSM8K train, MMLU dev, Alpaca seed
+tasks), the target's greedy answers with its top-k next-token log-probabilities, and reference answers
+scored by the target; built once and cached under the specbench cache. An evaluation split enters only
+on request (``TeacherConfig.extra``: every row but those the named recipes evaluate), cached beside
+the base data. Every trained drafter and head (:mod:`specbench.training.distill`,
 :mod:`specbench.training.medusa`) learns from it."""
 
 from __future__ import annotations
