@@ -742,6 +742,7 @@ def evaluated_ids(extra: list[str], recipes: list[str], data_dir: str) -> tuple[
     """The ids of the examples of the ``extra`` splits that the ``recipes`` evaluate (sorted)."""
     import contextlib
     import os
+    from unittest import mock
 
     from specbench.pipeline.datasets import load_datasets
     from specbench.recipe import load_recipe
@@ -762,15 +763,9 @@ def evaluated_ids(extra: list[str], recipes: list[str], data_dir: str) -> tuple[
     labels = {"/".join(split_source(source)) for source in extra}
     ids: set[str] = set()
     for path in recipes:
-        saved = os.environ.get("SPECBENCH_DATA_DIR")
-        os.environ["SPECBENCH_DATA_DIR"] = data_dir  # the recipes' data is the training data's folder
-        try:
+        # the recipes' data is the training data's folder
+        with mock.patch.dict(os.environ, {"SPECBENCH_DATA_DIR": data_dir}):
             runs = load_datasets(load_recipe(path), None, lambda field: contextlib.nullcontext())
-        finally:
-            if saved is None:
-                del os.environ["SPECBENCH_DATA_DIR"]
-            else:
-                os.environ["SPECBENCH_DATA_DIR"] = saved
         chosen = [run for run in runs if run.label in labels]
         if not chosen:
             raise SpecbenchError(

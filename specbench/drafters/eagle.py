@@ -25,6 +25,7 @@ the draft vocabulary, the training record) in ``<cache>/drafters/<target>/eagle`
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from pathlib import Path
 
@@ -257,7 +258,7 @@ class EagleDrafter:
                 "feature": self._features.clone(),
                 "pairs": torch.tensor([self._pairs], device=self.device),
             }
-            grow = lambda static: self._grow_levels(static, shape)  # noqa: E731
+            grow = functools.partial(self._grow_levels, shape=shape)
             if self._passes.graphs:
                 graph, outputs = capture(grow, inputs, self.device)
             else:

@@ -137,9 +137,8 @@ def accuracy(
 
 def train_head(target, train, held_out, config, vocab, progress, features_at: Path):
     """Train an EAGLE head on ``target`` (``config``: epochs, lr, batch_tokens, seed, unroll: None for
-    :data:`UNROLL`); returns (head,
-    record with the loss curve and the held-out accuracy of each unrolled step). The target's
-    features are kept at ``features_at``-{train,held}-<count>.pt."""
+    :data:`UNROLL`); returns (head, record with the loss curve and the held-out accuracy of each
+    unrolled step). The target's features are kept at ``features_at``-{train,held}-<count>.pt."""
     torch.manual_seed(config.seed)
     depth = config.unroll or UNROLL
     train = [s for s in train if s.ids.shape[0] <= MAX_SEQUENCE]
