@@ -308,6 +308,26 @@ def test_extra_prompts_are_answered_apart_and_never_what_a_recipe_evaluates(
     )
     assert "extra" not in plain["teacher"] and "left_out" not in plain["teacher"]
 
+    # a run may evaluate what the drafter left out, and nothing it was trained on
+    monkeypatch.setenv("SPECBENCH_DATA_DIR", str(data))
+    held_out = tmp_path / "held_out.yaml"
+    held_out.write_text(
+        "name: eval\nmodels:\n  t: {source: tiny-llama}\n"
+        "  d: {source: 'distilled:tiny-llama/small+spec_bench-question'}\n"
+        "generation: {max_new_tokens: 2}\n"
+        "datasets:\n  - {task: spec_bench, split: question, limit: 2, every: 3}\n"
+        "methods:\n  - {name: sd, method: speculative, target: t, drafter: d, params: {k: 2}}\n"
+    )
+    result = CliRunner().invoke(app, ["run", str(held_out), "-o", str(tmp_path / "ok")])
+    assert result.exit_code == 0, result.output
+    seen = tmp_path / "seen.yaml"
+    seen.write_text(held_out.read_text().replace("limit: 2, every: 3", "limit: 3"))
+    result = CliRunner().invoke(app, ["run", str(seen), "-o", str(tmp_path / "seen")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "models.d.source" in result.output and "trained on 2 spec_bench/question" in result.output
+    assert "spec_bench/101, spec_bench/102" in result.output and "--leave-out" in result.output
+    assert not (tmp_path / "seen" / "examples.jsonl").exists()
+
 
 def test_extra_prompts_need_a_stated_leave_out_and_a_known_split(tmp_path, monkeypatch):
     data = _data_dir(tmp_path / "data")

@@ -26,16 +26,25 @@ def distilled_dir(name: str) -> Path:
     return cache_dir() / "drafters" / name
 
 
-def trained_identity(folder: Path) -> str | None:
-    """A digest of how the drafter in ``folder`` was trained (its ``distill.json``: the teacher data's
-    key and settings, the student's configuration), or None where there is none. Deterministic
-    training makes it stand for the weights; the machine-specific data path is left out."""
+def trained_record(folder: Path) -> dict | None:
+    """The ``distill.json`` of the drafter trained in ``folder`` (how it was trained), or None where
+    there is none or it cannot be read."""
     record = folder / "distill.json"
     if not record.is_file():
         return None
     try:
         manifest = json.loads(record.read_text())
     except (ValueError, UnicodeDecodeError):
+        return None
+    return manifest if isinstance(manifest, dict) else None
+
+
+def trained_identity(folder: Path) -> str | None:
+    """A digest of how the drafter in ``folder`` was trained (its ``distill.json``: the teacher data's
+    key and settings, the student's configuration), or None where there is none. Deterministic
+    training makes it stand for the weights; the machine-specific data path is left out."""
+    manifest = trained_record(folder)
+    if manifest is None:
         return None
     teacher = {k: v for k, v in (manifest.get("teacher") or {}).items() if k != "data_dir"}
     payload = json.dumps({"teacher": teacher, "student": manifest.get("student")}, sort_keys=True)

@@ -8,7 +8,7 @@ re-reads a directory's ``resolved_recipe.yaml`` under today's code and asks thre
 * does it still key every recorded row as the row is keyed (``Runner.stale_rows``: the same check a
   resume makes), and which of its rows were never measured;
 * were its trained models (distilled drafters, heads) trained as today's are: environment.json
-  records each one's training digest (``sources.identity``), compared with the local copy where
+  records each one's training digest (``sources.identity``, of ``Source.trained_in``), compared with the local copy where
   there is one (a machine without the drafters cannot tell, and says so).
 
 A directory kept on purpose although stale says so in ``PROVENANCE.md``: the commit that made it and
@@ -121,7 +121,7 @@ def _check_models(directory: Path, finding: Finding) -> None:
     for name, info in models.items():
         source = str(info.get("source") or "")
         try:
-            trained = sources.source_of(source).identity is not None
+            trained = sources.source_of(source).trained_in is not None
             today = sources.identity(source)
         except SpecbenchError:
             continue

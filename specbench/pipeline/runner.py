@@ -134,6 +134,7 @@ class Runner(Measurer):
             self._check_same_recipe(environment)
             self._check_rows_belong(plan, environment)
         done = self.log.done
+        check_not_trained_on(self.recipe, plan)
         self._preflight(plan, done)
         written_before = self.written
         order = work_order(
@@ -411,6 +412,30 @@ class _CellState:
     seconds: float = 0.0
     steps: int = 0
     models: CellModels | None = None
+
+
+def check_not_trained_on(recipe: Recipe, plan: list[tuple[DatasetRun, list[Cell]]]) -> None:
+    """Refuse, before the first row, a drafter that specbench trained on an example this run evaluates
+    (``specbench distill --extra-prompts`` trains on a split's rows but those ``--leave-out`` named):
+    its acceptance there would measure memory, not drafting."""
+    from specbench import sources
+
+    for dataset, cells in plan:
+        names = {name for cell in cells for name in (cell.drafter, *cell.drafters) if name}
+        for name in sorted(names):
+            source = recipe.models[name].source
+            teacher = (sources.trained_record(source) or {}).get("teacher") or {}
+            if dataset.label not in {extra.replace(":", "/") for extra in teacher.get("extra", ())}:
+                continue
+            seen = sorted({e.id for e in dataset.examples} - set(teacher.get("left_out", ())))
+            if seen:
+                shown = ", ".join(seen[:3]) + (f" and {len(seen) - 3} more" if len(seen) > 3 else "")
+                raise SpecbenchError(
+                    f"models.{name}.source",
+                    f"{source} was trained on {len(seen)} {dataset.label} example(s) this run evaluates "
+                    f"({shown})",
+                    "retrain it with specbench distill --leave-out THIS_RECIPE, or evaluate other examples",
+                )
 
 
 def name_cells(rows: list[dict], most: int = 4) -> str:

@@ -21,6 +21,7 @@ import pkgutil
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specbench.errors import SpecbenchError
@@ -132,9 +133,10 @@ class Source:
     # heads on a target's hidden states (Medusa): only methods that hand them the target's states
     # (Method.takes_heads) take such a drafter
     heads: bool = False
-    # identity(source) -> a digest of how the weights were trained, or None (trained in our cache:
-    # distilled drafters, heads); recorded in environment.json so a stale result can be told apart
-    identity: Callable[[str], str | None] | None = None
+    # trained_in(source) -> the folder of weights specbench trained (distilled drafters, heads), whose
+    # distill.json says how: its digest goes into environment.json so a stale result can be told
+    # apart, and its prompts are checked against what a run evaluates
+    trained_in: Callable[[str], Path] | None = None
 
 
 class SourceRegistry(Mapping):
@@ -179,10 +181,21 @@ def source_of(source: str) -> Source:
     return SOURCES.of(source)
 
 
-def identity(source: str) -> str | None:
-    """How the weights of ``source`` were trained, as a digest (Source.identity), or None."""
+def trained_record(source: str) -> dict | None:
+    """How specbench trained the weights of ``source`` (their ``distill.json``), or None: weights
+    trained elsewhere, or not yet trained."""
+    from specbench.models import cache
+
     kind = source_of(source)
-    return kind.identity(source) if kind.identity is not None else None
+    return cache.trained_record(kind.trained_in(source)) if kind.trained_in is not None else None
+
+
+def identity(source: str) -> str | None:
+    """How the weights of ``source`` were trained, as a digest (Source.trained_in), or None."""
+    from specbench.models import cache
+
+    kind = source_of(source)
+    return cache.trained_identity(kind.trained_in(source)) if kind.trained_in is not None else None
 
 
 def option_problem(source: str, options: dict) -> Problem:

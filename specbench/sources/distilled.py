@@ -51,5 +51,5 @@ SOURCE = Source(
     facts=_facts,
     options=LOADER_OPTIONS,
     order=30,
-    identity=lambda source: cache.trained_identity(_path(source)),
+    trained_in=_path,
 )

@@ -90,6 +90,6 @@ def heads_source(
         fixed_weights=True,
         dtype_rule=None,
         heads=True,
-        identity=lambda source: cache.trained_identity(folder(source)),
+        trained_in=folder,
         check=check,
     )
