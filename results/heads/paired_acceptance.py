@@ -1,8 +1,10 @@
 """The acceptance length of each cell of the second head against the same cell of the first, paired by
 prompt: the report's "acc. len" (generated tokens / target steps, a ratio of sums over the prompts) and
 a 95% percentile bootstrap interval of the difference (prompts resampled together, B = 2000, seed 0).
+A cell of the first head (its recipe name FIRST, e.g. ``eagle-tree``) is paired with the cell whose
+name has SECOND in place of FIRST (``eagle-unroll3-tree``).
 
-    python results/heads/smollm2_eagle_unroll3/paired_acceptance.py RUN [FIRST] [SECOND]
+    python results/heads/paired_acceptance.py RUN FIRST SECOND
 """
 
 import json
@@ -20,8 +22,9 @@ def length(by_prompt, prompts):
 
 
 def main() -> None:
-    run = Path(sys.argv[1])
-    first, second = (sys.argv[2:4] + ["eagle", "eagle-unroll3"][len(sys.argv[2:4]) :])[:2]
+    if len(sys.argv) != 4:
+        sys.exit(__doc__)
+    run, first, second = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     rows = [json.loads(line) for line in (run / "examples.jsonl").open()]
     print(f"# python {' '.join(sys.argv)}")
     print(f"{'cell':22} {first:>10} {second:>14} {'difference [95%]':>26}")
