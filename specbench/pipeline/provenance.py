@@ -8,8 +8,8 @@ re-reads a directory's ``resolved_recipe.yaml`` under today's code and asks thre
 * does it still key every recorded row as the row is keyed (``Runner.stale_rows``: the same check a
   resume makes), and which of its rows were never measured;
 * were its trained models (distilled drafters, heads) trained as today's are: environment.json
-  records each one's training digest (``sources.identity``, of ``Source.trained_in``), compared with the local copy where
-  there is one (a machine without the drafters cannot tell, and says so).
+  records each one's training digest (``sources.identity``, of ``Source.trained_in``), compared with
+  the local copy where there is one (a machine without the drafters cannot tell, and says so).
 
 A directory kept on purpose although stale says so in ``PROVENANCE.md``: the commit that made it and
 why it stays. Only the directory's files are read; nothing is measured or written.
