@@ -645,7 +645,9 @@ def distill(
         "medusa (4 Medusa-1 heads on "
         "the target's last hidden state; recipes name them medusa:<target>/medusa), eagle (an EAGLE head: "
         "one decoder layer on the target's features, also saved in vLLM's eagle layout; recipes name it "
-        "eagle:<target>/eagle). Repeat the option for several.",
+        "eagle:<target>/eagle), eagle3 (the same head reading EAGLE-3's fusion of the target's low, middle "
+        "and high layers, trained on the token loss alone; eagle:<target>/eagle3, no vLLM layout). Repeat "
+        "the option for several.",
     ),
     data_dir: Path = typer.Option(
         None,
@@ -661,7 +663,7 @@ def distill(
         None,
         min=0.01,
         help="Training epochs (default per size: small 3, base 2, micro 6, mini 6, exit 1, medusa 2, "
-        "eagle 8).",
+        "eagle and eagle3 8).",
     ),
     lr: float = typer.Option(None, min=0.0, help="Peak learning rate (default per size)."),
     seed: int = typer.Option(0, help="Seed of the student's initialisation and batch order."),
@@ -689,9 +691,9 @@ def distill(
     unroll: int = typer.Option(
         None,
         min=1,
-        help="EAGLE only: steps of EAGLE-3's training-time test (1: teacher-forced features only; "
+        help="EAGLE heads only: steps of EAGLE-3's training-time test (1: teacher-forced features only; "
         "each further step reads the head's own predicted features, as a tree's deeper levels do; "
-        "default 2). A head trained with --unroll N is saved as eagle-unrollN.",
+        "default 2). A head trained with --unroll N is saved as eagle-unrollN (eagle3-unrollN).",
     ),
 ):
     """Train drafters that share the target's tokenizer by distillation (forward KL on its top-k).
@@ -746,7 +748,7 @@ def evaluated_ids(extra: list[str], recipes: list[str], data_dir: str) -> tuple[
 
     from specbench.pipeline.datasets import load_datasets
     from specbench.recipe import load_recipe
-    from specbench.training.teacher import split_source
+    from specbench.training.teacher import split_label
 
     if not extra:
         if recipes:
@@ -760,7 +762,7 @@ def evaluated_ids(extra: list[str], recipes: list[str], data_dir: str) -> tuple[
         )
     if recipes == ["none"]:
         return ()
-    labels = {"/".join(split_source(source)) for source in extra}
+    labels = {split_label(source) for source in extra}
     ids: set[str] = set()
     for path in recipes:
         # the recipes' data is the training data's folder

@@ -41,9 +41,10 @@ def random_head(
     static: bool = False,
     attention: str = "sdpa",
     step_graph: bool = False,
+    fused: tuple[int, ...] = (),
 ) -> eagle.EagleDrafter:
     torch.manual_seed(seed)
-    module = eagle.EagleHead.for_target(target.model)
+    module = eagle.EagleHead.for_target(target.model, fused)
     weight = target.model.get_output_embeddings().weight.detach()
     module = module.to(weight.dtype)
     embeddings = target.model.get_input_embeddings()
@@ -79,7 +80,11 @@ def from_scratch(drafter: eagle.EagleDrafter, target_weights, prompt, tokens, pa
     head's own predicted features along the path."""
     sequence = torch.cat([prompt, tokens])
     with torch.no_grad():
-        features = target_weights(sequence[None], output_hidden_states=True).hidden_states[-1][0]
+        states = target_weights(sequence[None], output_hidden_states=True).hidden_states
+        if drafter.head.fuse is None:
+            features = states[-1][0]
+        else:  # EAGLE-3: the fusion of the target's chosen layers
+            features = drafter.head.fuse(torch.cat([states[i][0] for i in drafter.head.fused_layers], -1))
         inputs, feats = list(sequence[1:]), list(features[:-1])
         out = None
         for token in [None, *path_tokens]:
@@ -98,9 +103,12 @@ def from_scratch(drafter: eagle.EagleDrafter, target_weights, prompt, tokens, pa
 
 # static: the GPU's fixed-shape passes over a static cache (head_graphs.py; padded rows, a scratch
 # slot, a cache that grows), run uncaptured on the CPU
-@pytest.mark.parametrize("static", [False, True])
+# fused: an EAGLE-3 head reading the fusion of the target's embeddings and first layer's output
+@pytest.mark.parametrize("static, fused", [(False, ()), (True, ()), (False, (0, 1)), (True, (1, 0))])
 @pytest.mark.parametrize("shape", [(1, 1, 1, 1), (3, 2, 2, 6)])
-def test_incremental_drafting_is_the_heads_forward_from_scratch(shape, static, tiny_model, monkeypatch):
+def test_incremental_drafting_is_the_heads_forward_from_scratch(
+    shape, static, fused, tiny_model, monkeypatch
+):
     from specbench.drafters import head_graphs
 
     monkeypatch.setattr(head_graphs, "CAPACITY_STEP", 8)  # the static cache grows (and is copied) often
@@ -108,7 +116,8 @@ def test_incremental_drafting_is_the_heads_forward_from_scratch(shape, static, t
     weights = tiny_model("tiny-llama", 2, vocab_size=12, init_std=0.3).double()
     prompt = torch.tensor([3, 4, 5, 2, 7])
     target = HFModel(weights, "t")
-    drafter = Recording(random_head(target, 2, static=static))
+    drafter = Recording(random_head(target, 2, static=static, fused=fused))
+    assert drafter.target_layers == (fused or ("last",))
     out = tree_speculative.generate(
         target, drafter, prompt, depth=depth, branch=branch, frontier=frontier, nodes=nodes, max_new_tokens=14
     )
@@ -125,7 +134,7 @@ def test_incremental_drafting_is_the_heads_forward_from_scratch(shape, static, t
                 want = from_scratch(drafter.inner, weights, prompt, tokens, path)
                 torch.testing.assert_close(logits[row], want, rtol=1e-9, atol=1e-9)
         checked += 1
-    assert checked >= len(out.steps) - 1
+    assert checked >= len(out.steps) - 2  # not drafted: the prefill, and a last step with no room
     if static:
         assert drafter.inner._passes.capacity >= 8 * 3  # grown twice past the prompt
 
@@ -148,10 +157,18 @@ def test_a_static_passs_padded_rows_touch_only_the_scratch_slot(tiny_model):
 
 
 @pytest.mark.parametrize(
-    "engine, static", [("eager", False), ("compiled", False), ("eager", True), ("compiled", True)]
+    "engine, static, fused",
+    [
+        ("eager", False, ()),
+        ("compiled", False, ()),
+        ("eager", True, ()),
+        ("compiled", True, ()),
+        ("eager", False, (0, 1)),
+        ("compiled", True, (1, 0)),
+    ],
 )
 @pytest.mark.parametrize("shape", [(1, 1, 1, 1), (4, 1, 1, 4), (4, 3, 2, 10)])
-def test_eagle_greedy_is_the_target_greedy_output(engine, static, shape, tiny_model):
+def test_eagle_greedy_is_the_target_greedy_output(engine, static, fused, shape, tiny_model):
     depth, branch, frontier, nodes = shape
     weights = tiny_model("tiny-llama", 3, vocab_size=16, init_std=0.3)
     prompt = torch.tensor([3, 4, 5, 2, 9, 1])
@@ -159,7 +176,7 @@ def test_eagle_greedy_is_the_target_greedy_output(engine, static, shape, tiny_mo
     target = HFModel(weights, "t") if engine == "eager" else CompiledHFModel(weights, "t", quick=True)
     if engine == "compiled":
         target.prepare(64, hidden=True, tree_sizes=(nodes,))
-    drafter = random_head(HFModel(weights, "t"), 3, static=static)
+    drafter = random_head(HFModel(weights, "t"), 3, static=static, fused=fused)
     out = tree_speculative.generate(
         target, drafter, prompt, depth=depth, branch=branch, frontier=frontier, nodes=nodes, max_new_tokens=30
     )
@@ -284,12 +301,13 @@ def test_a_drafting_level_dispatches_as_many_operations_whatever_its_width(tempe
     assert counts[0] == counts[1], counts
 
 
-def test_eagle_sampling_reproduces_the_target_joint(tiny_model):
+@pytest.mark.parametrize("fused", [(), (0,)])  # the 1-layer target: its embeddings
+def test_eagle_sampling_reproduces_the_target_joint(fused, tiny_model):
     weights = tiny_model("tiny-llama", 1, **TINY_OPTIONS)
     prompt = torch.tensor([3, 4, 5, 2])
     reference = exact_joint(weights, prompt, 3, softmax_at(1.0))
     target = HFModel(weights, "t")
-    drafter = random_head(target, 5)
+    drafter = random_head(target, 5, fused=fused)
     generator = torch.Generator().manual_seed(12)
     counts, steps = np.zeros_like(reference), Counter()
     for _ in range(1500):
@@ -303,10 +321,11 @@ def test_eagle_sampling_reproduces_the_target_joint(tiny_model):
     assert steps[(1, 1)] > 0 and steps[(1, 0)] > 0, steps
 
 
-@pytest.mark.parametrize("unroll", [None, 3])
-def test_training_lifts_the_heads_agreement_on_held_out_text(unroll, tiny_model, tmp_path):
+@pytest.mark.parametrize("size, unroll", [("eagle", None), ("eagle", 3), ("eagle3", None)])
+def test_training_lifts_the_heads_agreement_on_held_out_text(size, unroll, tiny_model, tmp_path):
     """A target that continues a cycle: the head learns its next token from features and tokens, at
-    every unrolled step of the training-time test (2 by default, ``unroll`` when given)."""
+    every unrolled step of the training-time test (2 by default, ``unroll`` when given); an eagle3
+    head from its fusion of the target's layers, on the token loss alone."""
     weights = tiny_model("tiny-llama", 4, vocab_size=300, init_std=0.3)
     target = HFModel(weights, "t")
     cycle = torch.tensor([10, 20, 30, 40, 50, 60, 70])
@@ -315,7 +334,9 @@ def test_training_lifts_the_heads_agreement_on_held_out_text(unroll, tiny_model,
         ids = torch.cat([torch.tensor([5 + i % 3]), cycle.roll(-(i % 7)).repeat(3)])
         sequences.append(Sequence(ids, 1, torch.zeros(0, 1), torch.zeros(0, 1)))
     config = type(
-        "Config", (), {"epochs": 300.0, "lr": 1e-2, "batch_tokens": 256, "seed": 0, "unroll": unroll}
+        "Config",
+        (),
+        {"size": size, "epochs": 300.0, "lr": 1e-2, "batch_tokens": 256, "seed": 0, "unroll": unroll},
     )()
     vocab = torch.arange(300)
     with Progress(disable=True) as progress:
@@ -326,7 +347,16 @@ def test_training_lifts_the_heads_agreement_on_held_out_text(unroll, tiny_model,
     assert record["unroll"] == len(after) == len(before) == (unroll or 2)
     assert min(after) > 0.6 and after[0] > before[0] + 0.4, (before, after)
     assert record["curve"][-1]["loss"] < record["curve"][0]["loss"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["f-held-4.pt", "f-train-20.pt"]  # kept for reruns
+    kept = "f-layers0.1" if size == "eagle3" else "f"  # tiny-llama's 2 layers: EAGLE-3's 3 fall on 0, 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{kept}-held-4.pt", f"{kept}-train-20.pt"]
+    if size == "eagle3":
+        hidden = weights.config.hidden_size
+        assert head.fused_layers == (0, 1) and head.fuse.weight.shape == (hidden, 2 * hidden)
+        assert record["fused_layers"] == [0, 1] and record["feature_regression"] is False
+        # the 2 layers, then the last
+        assert torch.load(tmp_path / "f-layers0.1-held-4.pt")[0].shape[1:] == (3, hidden)
+    else:
+        assert head.fuse is None and "fused_layers" not in record
 
 
 def test_a_deeper_training_time_test_is_an_eagle_option_saved_apart():
@@ -337,6 +367,7 @@ def test_a_deeper_training_time_test_is_an_eagle_option_saved_apart():
     default = distill.student_config("eagle")
     # heads trained before the option keep their identity: an unset unroll is not recorded
     assert default.name == "eagle" and "unroll" not in default.manifest()
+    assert distill.student_config("eagle3", unroll=3).name == "eagle3-unroll3"
     with pytest.raises(SpecbenchError, match="--unroll"):
         distill.student_config("small", unroll=3)
 
@@ -366,13 +397,15 @@ def test_the_vllm_export_holds_the_heads_weights_under_vllms_names(tmp_path, tin
     torch.testing.assert_close(fresh.to(torch.float32)(*args), drafter.head.float()(*args))
 
 
-def write_head(cache, target_weights, source: str = "tiny-llama", **manifest) -> None:
-    head = eagle.EagleHead.for_target(target_weights)
+def write_head(cache, target_weights, source: str = "tiny-llama", fused: tuple = (), **manifest):
+    head = eagle.EagleHead.for_target(target_weights, fused)
     config = target_weights.config
     fields = {"hidden_size": config.hidden_size, "vocab_size": config.vocab_size}
+    fields |= {"fused_layers": list(fused)} if fused else {}
     fields |= {"num_hidden_layers": config.num_hidden_layers, "draft_vocab": None}
     fields["parameters"] = sum(p.numel() for p in head.parameters())
     eagle.save(cache / "drafters" / source / "eagle", head, fields | manifest)
+    return head
 
 
 def cached_head(tmp_path, monkeypatch):
@@ -429,6 +462,50 @@ def test_an_eagle_recipe_runs_lossless(tmp_path, monkeypatch, tiny_model, engine
     assert resumed.exit_code == 0, resumed.output  # the head's recorded dtype does not refuse it
     if engine == "compiled":
         assert eagle_rows[0]["compile_s"] > 0 and all(row["compile_s"] == 0 for row in eagle_rows[1:])
+
+
+def test_an_eagle3_head_loads_with_its_fusion_runs_lossless_and_no_engine_takes_it(
+    tmp_path, monkeypatch, tiny_model
+):
+    target = cached_head(tmp_path, monkeypatch)
+    saved = write_head(tmp_path / "cache", target.model, fused=(0, 1))
+    request = sources.ModelRequest("head", "eagle:tiny-llama/eagle", options=(("of", "target"),))
+    drafter = sources.load(request, {"target": target}.__getitem__)
+    assert drafter.target_layers == (0, 1)
+    torch.testing.assert_close(drafter.head.fuse.weight, saved.fuse.weight.to(torch.float64))
+    data = recipe()
+    data["models"].pop("medusa")
+    result = run(tmp_path, data)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (tmp_path / "out" / "examples.jsonl").read_text().splitlines()]
+    assert all(row["divergence_class"] == "identical" for row in rows if row["method"] == "e")
+    folder = tmp_path / "cache" / "drafters" / "tiny-llama" / "eagle"
+    with pytest.raises(SpecbenchError, match=r"models\.h\.source: .*fuses the target's layers \[0, 1\]"):
+        eagle.HeadForEngine("h", folder)
+    with pytest.raises(ValueError, match="no vLLM eagle layout"):
+        eagle.save_vllm(tmp_path / "vllm", saved, target.model)
+
+
+def test_distill_trains_an_eagle3_head_that_a_recipe_runs_lossless(tmp_path, monkeypatch):
+    from test_distill import _data_dir
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    args = ["distill", "--target", "tiny-llama", "--data-dir", str(_data_dir(tmp_path / "data"))]
+    args += ["--size", "eagle3", "--generate", "6", "--teacher-forced", "6", "--max-new-tokens", "6"]
+    result = CliRunner().invoke(app, [*args, "--top-k", "8", "--epochs", "1"])
+    assert result.exit_code == 0, result.output
+    folder = tmp_path / "cache" / "drafters" / "tiny-llama" / "eagle3"
+    manifest = json.loads((folder / eagle.MANIFEST).read_text())
+    assert manifest["fused_layers"] == [0, 1] and manifest["feature_regression"] is False
+    assert not (folder / "vllm").exists()  # no vLLM layout carries the fusion
+    data = recipe()
+    data["models"].pop("medusa")
+    data["models"]["target"] = {"source": "tiny-llama", "dtype": "float64"}
+    data["models"]["head"]["source"] = "eagle:tiny-llama/eagle3"
+    result = run(tmp_path, data)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (tmp_path / "out" / "examples.jsonl").read_text().splitlines()]
+    assert all(row["divergence_class"] == "identical" for row in rows if row["method"] == "e")
 
 
 def test_heads_of_the_wrong_kind_or_target_are_refused_before_the_first_row(

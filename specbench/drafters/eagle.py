@@ -17,6 +17,15 @@ head's tree entries are dropped before the next step, which re-reads the accepte
 target's true features. With ``step_graph`` a greedy tree is drafted whole at fixed shapes instead
 (:meth:`EagleDrafter.greedy_tree`: the same tree, read once), which a GPU replays as one CUDA graph.
 
+EAGLE-3's multi-layer feature fusion (Li, Wei, Zhang and Zhang, "EAGLE-3: Scaling up Inference
+Acceleration of Large Language Models via Training-Time Test", 2025): a head trained with
+``--size eagle3`` reads at the committed positions the target's low, middle and high states
+(:func:`fusion_layers`: the inputs of decoder layers 2, L/2 and L - 3, vLLM's choice too), concatenated
+and projected to one feature by ``fuse`` (3H -> H, no bias); deeper tree levels read the head's own
+output, as before, and it is trained on the token loss alone. The rest is this module's EAGLE-1 layout
+(the fc over [embedding; feature], the target's decoder layer, the shared LM head), not EAGLE-3's own
+layer (which widens attention to 2H inputs and has its own LM head); vLLM cannot load it.
+
 Saved as ``eagle_head.safetensors`` + ``eagle.json`` (the target's config fields it was built with,
 the draft vocabulary, the training record) in ``<cache>/drafters/<target>/eagle``; loaded by the
 ``eagle:`` source. :func:`save_vllm` writes vLLM's ``eagle`` layout beside it.
@@ -53,22 +62,42 @@ def head_config(target_model):
     return config
 
 
+def fusion_layers(num_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's low, middle and high states of a target with ``num_layers`` decoder layers: the inputs
+    of layers 2, L // 2 and L - 3 (``hidden_states[i]``), fewer where a small target repeats one."""
+    return tuple(sorted({min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0)}))
+
+
 class EagleHead(nn.Module):
     """``forward(embeddings, features) -> predicted next features``, one decoder layer of the target's
-    class (``layer_type``, ``rotary_type``: the target's decoder layer and rotary embedding classes)."""
+    class (``layer_type``, ``rotary_type``: the target's decoder layer and rotary embedding classes).
+    ``fused_layers``: the target states an EAGLE-3 head fuses into the feature it reads at committed
+    positions (none: it reads the final state, as EAGLE-1)."""
 
-    def __init__(self, config, layer_type: type, rotary_type: type):
+    def __init__(self, config, layer_type: type, rotary_type: type, fused_layers: tuple[int, ...] = ()):
         super().__init__()
         hidden = config.hidden_size
         self.fc = nn.Linear(2 * hidden, hidden, bias=False)  # vLLM's EAGLE layout has no bias
         self.layer = layer_type(config, layer_idx=0)
         self.layer.input_layernorm = nn.Identity()  # EAGLE-1: the fc output enters the layer unnormed
         self.rotary = rotary_type(config=config)
+        self.fused_layers = tuple(fused_layers)
+        self.fuse = nn.Linear(len(fused_layers) * hidden, hidden, bias=False) if fused_layers else None
 
     @classmethod
-    def for_target(cls, target_model) -> EagleHead:
+    def for_target(cls, target_model, fused_layers: tuple[int, ...] = ()) -> EagleHead:
         base = target_model.base_model
-        return cls(head_config(target_model), type(base.layers[0]), type(base.rotary_emb))
+        return cls(head_config(target_model), type(base.layers[0]), type(base.rotary_emb), fused_layers)
+
+    @property
+    def reads(self) -> tuple:
+        """The target layers whose states the head reads at committed positions."""
+        return self.fused_layers or (LAST,)
+
+    def read(self, states: torch.Tensor) -> torch.Tensor:
+        """The feature the head reads at committed positions from the target's states of :attr:`reads`
+        concatenated ([..., len(reads) * H]): the final state itself, or an EAGLE-3 head's fusion."""
+        return states if self.fuse is None else self.fuse(states)
 
     def forward(self, embeddings, features, positions, mask, cache=None) -> torch.Tensor:
         """``embeddings``, ``features``: [B, T, H]; ``positions``: [B, T]; ``mask``: bool
@@ -96,7 +125,6 @@ class EagleDrafter:
     """The head on one target, as a tree drafter (:func:`specbench.decoding.tree_speculative.draft_tree`):
     ``root`` reads the target's features at the newly committed positions, ``level`` expands nodes."""
 
-    target_layers = (LAST,)
     fed_hidden = True  # the prefill's features too: the head reads every committed position once
 
     def __init__(
@@ -112,6 +140,7 @@ class EagleDrafter:
     ):
         self.name = name
         self.head = head.eval()
+        self.target_layers = head.reads  # the target's states it reads (tree_speculative asks for them)
         # transformers' attn_implementation of the head's layer: sdpa (head_config's), or eager (on an
         # H100 a replayed pass took 0.344 ms against 0.426 with SDPA; results/heads/
         # gpu_head_graphs_profile_nvidia-h100-80gb.txt), which adds its mask, so ours is then additive
@@ -186,7 +215,8 @@ class EagleDrafter:
             new_tokens = tokens[first - prompt :]
         else:
             new_tokens = torch.cat([self._prompt[first:], tokens])
-        features = last.hidden[LAST][accepted].to(self.device, self.dtype)
+        states = torch.cat([last.hidden[layer][accepted] for layer in self.target_layers], dim=-1)
+        features = self.head.read(states.to(self.device, self.dtype))
         if new_tokens.shape[0] != features.shape[0]:
             raise RuntimeError(
                 f"{self.name}: {features.shape[0]} target features for {new_tokens.shape[0]} new positions"
@@ -373,6 +403,8 @@ def save_vllm(folder: Path, head: EagleHead, target_model) -> None:
     draft ``model`` with ``method: eagle``."""
     from safetensors.torch import save_file
 
+    if head.fuse is not None:
+        raise ValueError("an EAGLE-3-fused head has no vLLM eagle layout")
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {"fc.weight": head.fc.weight.detach().float().contiguous()}
     for key, value in head.layer.state_dict().items():
@@ -391,6 +423,13 @@ class HeadForEngine:
 
     def __init__(self, name: str, folder: Path):
         manifest = json.loads((folder / MANIFEST).read_text())
+        if manifest.get("fused_layers"):
+            raise SpecbenchError(
+                f"models.{name}.source",
+                f"the head in {folder} fuses the target's layers {manifest['fused_layers']} (EAGLE-3), "
+                "which vLLM's eagle layout cannot carry",
+                "run it with engine: eager or compiled, or use an EAGLE-1 head (--size eagle)",
+            )
         self.name, self.folder = name, folder
         self.num_parameters = manifest["parameters"]
         self.origin = f"EAGLE head {folder}, loaded by the engine"
@@ -423,7 +462,7 @@ def load(
     from safetensors.torch import load_file
 
     manifest = read_manifest(folder, (MANIFEST, HEAD_FILE), "eagle", "EAGLE head", target, where)
-    head = EagleHead.for_target(target.model)
+    head = EagleHead.for_target(target.model, tuple(manifest.get("fused_layers", ())))
     try:
         head.load_state_dict(load_file(str(folder / HEAD_FILE)))
     except RuntimeError as error:  # same widths, another layer shape (heads, MLP width, biases)

@@ -419,13 +419,14 @@ def check_not_trained_on(recipe: Recipe, plan: list[tuple[DatasetRun, list[Cell]
     (``specbench distill --extra-prompts`` trains on a split's rows but those ``--leave-out`` named):
     its acceptance there would measure memory, not drafting."""
     from specbench import sources
+    from specbench.training.teacher import split_label
 
     for dataset, cells in plan:
         names = {name for cell in cells for name in (cell.drafter, *cell.drafters) if name}
         for name in sorted(names):
             source = recipe.models[name].source
             teacher = (sources.trained_record(source) or {}).get("teacher") or {}
-            if dataset.label not in {extra.replace(":", "/") for extra in teacher.get("extra", ())}:
+            if dataset.label not in {split_label(extra) for extra in teacher.get("extra", ())}:
                 continue
             seen = sorted({e.id for e in dataset.examples} - set(teacher.get("left_out", ())))
             if seen:

@@ -1,4 +1,5 @@
-"""``eagle:<target>/<name>``: an EAGLE head trained by ``specbench distill --size eagle`` on the recipe
+"""``eagle:<target>/<name>``: an EAGLE head trained by ``specbench distill --size eagle`` (or ``eagle3``,
+which fuses the target's low, middle and high layers) on the recipe
 model ``options.of`` (its target, whose features it reads and whose embedding and LM head it shares),
 from ``<cache>/drafters/<target>/<name>`` (:mod:`specbench.drafters.eagle`). ``cuda_graphs`` (default
 true): on a GPU, the head's passes run at fixed shapes over a static cache, replayed as CUDA graphs

@@ -84,6 +84,8 @@ STUDENTS = {
     # an EAGLE head on the frozen target's features (specbench.training.eagle); batch_tokens: padded
     # positions a step
     "eagle": StudentConfig("eagle", epochs=8.0, lr=1e-3, batch_tokens=4096, draft_vocab=8192),
+    # the same head reading EAGLE-3's fusion of the target's low, middle and high states
+    "eagle3": StudentConfig("eagle3", epochs=8.0, lr=1e-3, batch_tokens=4096, draft_vocab=8192),
 }
 EXIT_DEFAULTS = {"epochs": 1.0, "lr": 1e-3}
 
@@ -98,11 +100,13 @@ def student_config(size: str, **overrides) -> StudentConfig:
         raise SpecbenchError(
             "--size",
             f"unknown drafter size {size!r}",
-            "use small, base, micro, mini, medusa, eagle or exit<N> (e.g. exit4)",
+            "use small, base, micro, mini, medusa, eagle, eagle3 or exit<N> (e.g. exit4)",
         )
-    if overrides.get("unroll") is not None and size != "eagle":
+    if overrides.get("unroll") is not None and size not in ("eagle", "eagle3"):
         raise SpecbenchError(
-            "--unroll", f"--size {size} has no training-time test", "pass --unroll with --size eagle only"
+            "--unroll",
+            f"--size {size} has no training-time test",
+            "pass --unroll with --size eagle or eagle3 only",
         )
     return StudentConfig(**(asdict(base) | {k: v for k, v in overrides.items() if v is not None}))
 
@@ -326,7 +330,7 @@ def distill(
     return saved
 
 
-HEADS = ("medusa", "eagle")  # trained on the frozen target's states, saved with its own manifest
+HEADS = ("medusa", "eagle", "eagle3")  # trained on the frozen target's states, saved with its own manifest
 
 
 def _train_heads(target, teacher: TeacherConfig, train, held_out, config: StudentConfig, progress) -> Path:
@@ -359,7 +363,8 @@ def _train_heads(target, teacher: TeacherConfig, train, held_out, config: Studen
         medusa.save_vllm(folder / "vllm", module, target.model.get_output_embeddings().weight, vocab)
     else:
         eagle.save(folder, module, manifest)
-        eagle.save_vllm(folder / "vllm", module, target.model)
+        if module.fuse is None:  # vLLM's eagle layout has no fusion (HeadForEngine refuses one)
+            eagle.save_vllm(folder / "vllm", module, target.model)
     (folder / "distill.json").write_text(
         json.dumps({k: v for k, v in manifest.items() if k != "draft_vocab"}, indent=1)
     )

@@ -12,6 +12,12 @@ Scaling up Inference Acceleration of Large Language Models via Training-Time Tes
 unrolled step in which every
 position reads the head's own (detached) prediction instead of the target's feature, as the tree's
 deeper levels do. Deterministic (seeded order and noise).
+
+``--size eagle3`` trains EAGLE-3's multi-layer feature fusion
+(:func:`specbench.drafters.eagle.fusion_layers`): the first step reads the target's low, middle and
+high states fused by the head's ``fuse`` projection (the noise is added to those states), and, as in
+EAGLE-3, the loss is the token loss alone (no feature regression: what the head predicts need not be
+the target's final state).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.drafters.eagle import EagleHead, causal_mask
+from specbench.drafters.eagle import EagleHead, causal_mask, fusion_layers
 from specbench.training.medusa import target_features
 from specbench.training.teacher import Sequence
 
@@ -38,11 +44,14 @@ UNROLL = 2
 MAX_SEQUENCE = 512
 
 
-def cached_features(target, sequences: list[Sequence], path: Path, progress) -> list[torch.Tensor]:
-    """:func:`target_features` at every position, kept at ``path`` for the next training run."""
+def cached_features(
+    target, sequences: list[Sequence], path: Path, progress, layers: tuple[int, ...] = ()
+) -> list[torch.Tensor]:
+    """:func:`target_features` at every position (of ``layers`` too), kept at ``path`` for the next
+    training run."""
     if path.is_file():
         return torch.load(path, weights_only=True)
-    features = target_features(target, sequences, progress, whole=True)
+    features = target_features(target, sequences, progress, whole=True, layers=layers)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_suffix(".tmp")
     torch.save(features, staging)
@@ -66,12 +75,12 @@ def batches(sequences: list[Sequence], batch_tokens: int, generator: torch.Gener
 
 
 def _stack(sequences, features, group):
-    """(ids [B, L], features [B, L, H], supervised [B, L - 1]): position t of the head predicts
-    f_{t+1}, supervised where t + 1 is an answer's feature (``start - 1`` on) inside the sequence."""
+    """(ids [B, L], features [B, L, H] or, with fused layers, [B, L, layers + 1, H], supervised
+    [B, L - 1]): position t of the head predicts f_{t+1}, supervised where t + 1 is an answer's
+    feature (``start - 1`` on) inside the sequence."""
     width = max(sequences[i].ids.shape[0] for i in group)
-    hidden = features[group[0]].shape[-1]
     ids = torch.zeros(len(group), width, dtype=torch.long)
-    f = torch.zeros(len(group), width, hidden)
+    f = torch.zeros(len(group), width, *features[group[0]].shape[1:])
     supervised = torch.zeros(len(group), width - 1, dtype=torch.bool)
     for row, i in enumerate(group):
         n = sequences[i].ids.shape[0]
@@ -89,29 +98,40 @@ def _padded_causal(lengths: list[int], width: int) -> torch.Tensor:
     return mask
 
 
-def unrolled(head: EagleHead, embed, ids, f, mask, noise: torch.Generator | None, steps: int = UNROLL):
-    """The head's predictions for each of ``steps`` unrolled steps: [B, L - 1, H] each."""
+def _split(f: torch.Tensor, head: EagleHead) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the states the head reads, concatenated [B, L, len(reads) * H]; the final state [B, L, H])."""
+    if head.fuse is None:
+        return f, f
+    return f[:, :, :-1].flatten(2), f[:, :, -1]
+
+
+def unrolled(head: EagleHead, embed, ids, reads, mask, noise: torch.Generator | None, steps: int = UNROLL):
+    """The head's predictions for each of ``steps`` unrolled steps: [B, L - 1, H] each (``reads``:
+    the target's states the head reads, :func:`_split`'s first)."""
     inputs = embed[ids[:, 1:]]
     positions = torch.arange(ids.shape[1] - 1).expand(ids.shape[0], -1)
-    features = f[:, :-1]
+    states = reads[:, :-1]
     if noise is not None:
-        features = features + (torch.rand(features.shape, generator=noise) * 2 - 1) * NOISE
+        states = states + (torch.rand(states.shape, generator=noise) * 2 - 1) * NOISE
+    features = head.read(states)
+    anchor = head.read(reads[:, :1])  # position 0's feature (noiseless), which no step predicts
     out = []
     for _ in range(steps):
         predicted = head(inputs, features, positions, mask)
         out.append(predicted)
         # the next step reads at t the head's prediction of f_t (made at t - 1)
-        features = torch.cat([f[:, :1], predicted[:, :-1].detach()], dim=1)
+        features = torch.cat([anchor, predicted[:, :-1].detach()], dim=1)
     return out
 
 
-def _loss(predicted, target_f, weight, supervised):
+def _loss(predicted, target_f, weight, supervised, regression: bool = True):
     pred, true = predicted[supervised], target_f[supervised]
-    regression = nn.functional.smooth_l1_loss(pred, true)
     with torch.no_grad():
         p = torch.softmax(true @ weight.T, dim=-1)
     classification = -(p * torch.log_softmax(pred @ weight.T, dim=-1)).sum(-1).mean()
-    return regression + CLASSIFICATION_WEIGHT * classification
+    if not regression:
+        return classification
+    return nn.functional.smooth_l1_loss(pred, true) + CLASSIFICATION_WEIGHT * classification
 
 
 @torch.no_grad()
@@ -124,8 +144,10 @@ def accuracy(
     weight = full_weight[vocab]
     for group in batches(sequences, batch_tokens, torch.Generator().manual_seed(0)):
         ids, f, supervised = _stack(sequences, features, group)
+        reads, f = _split(f, head)
         lengths = [sequences[i].ids.shape[0] - 1 for i in group]
-        predictions = unrolled(head, embed, ids, f, _padded_causal(lengths, ids.shape[1] - 1), None, steps)
+        mask = _padded_causal(lengths, ids.shape[1] - 1)
+        predictions = unrolled(head, embed, ids, reads, mask, None, steps)
         greedy = (f[:, 1:][supervised] @ full_weight.T).argmax(-1)
         for step, predicted in enumerate(predictions):
             # every step predicts f_{t+1}; the second reads at t the head's own prediction of f_t
@@ -136,16 +158,23 @@ def accuracy(
 
 
 def train_head(target, train, held_out, config, vocab, progress, features_at: Path):
-    """Train an EAGLE head on ``target`` (``config``: epochs, lr, batch_tokens, seed, unroll: None for
-    :data:`UNROLL`); returns (head, record with the loss curve and the held-out accuracy of each
-    unrolled step). The target's features are kept at ``features_at``-{train,held}-<count>.pt."""
+    """Train an EAGLE head on ``target`` (``config``: size, epochs, lr, batch_tokens, seed, unroll: None
+    for :data:`UNROLL`; size eagle3 fuses the target's layers); returns (head, record with the loss
+    curve and the held-out accuracy of each unrolled step). The target's features are kept at
+    ``features_at``[-layers<i.j.k>]-{train,held}-<count>.pt."""
     torch.manual_seed(config.seed)
     depth = config.unroll or UNROLL
+    layers = target.model.config.get_text_config().num_hidden_layers
+    fused = fusion_layers(layers) if config.size == "eagle3" else ()
+    if fused:
+        features_at = f"{features_at}-layers{'.'.join(map(str, fused))}"
     train = [s for s in train if s.ids.shape[0] <= MAX_SEQUENCE]
     held_out = [s for s in held_out if s.ids.shape[0] <= MAX_SEQUENCE]
-    f_train = cached_features(target, train, Path(f"{features_at}-train-{len(train)}.pt"), progress)
-    f_held = cached_features(target, held_out, Path(f"{features_at}-held-{len(held_out)}.pt"), progress)
-    head = EagleHead.for_target(target.model).float()
+    f_train = cached_features(target, train, Path(f"{features_at}-train-{len(train)}.pt"), progress, fused)
+    f_held = cached_features(
+        target, held_out, Path(f"{features_at}-held-{len(held_out)}.pt"), progress, fused
+    )
+    head = EagleHead.for_target(target.model, fused).float()
     embed = target.model.get_input_embeddings().weight.detach().float()
     full_weight = target.model.get_output_embeddings().weight.detach().float()
     weight = full_weight[vocab]
@@ -168,10 +197,12 @@ def train_head(target, train, held_out, config, vocab, progress, features_at: Pa
     task = progress.add_task("eagle head", total=len(plan), stats="")
     for step, group in enumerate(plan):
         ids, f, supervised = _stack(train, f_train, group)
+        reads, f = _split(f, head)
         lengths = [train[i].ids.shape[0] - 1 for i in group]
         mask = _padded_causal(lengths, ids.shape[1] - 1)
-        predictions = unrolled(head, embed, ids, f, mask, noise, depth)
-        loss = sum(_loss(p, f[:, 1:], weight, supervised) for p in predictions) / len(predictions)
+        predictions = unrolled(head, embed, ids, reads, mask, noise, depth)
+        losses = [_loss(p, f[:, 1:], weight, supervised, regression=not fused) for p in predictions]
+        loss = sum(losses) / len(predictions)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(head.parameters(), 0.5)
@@ -189,6 +220,7 @@ def train_head(target, train, held_out, config, vocab, progress, features_at: Pa
         "positions": int(sum(s.ids.shape[0] for s in train)),
         "steps": len(plan),
         "unroll": depth,
+        **({"fused_layers": list(fused), "feature_regression": False} if fused else {}),
         "noise": NOISE,
         "classification_weight": CLASSIFICATION_WEIGHT,
         "curve": curve,

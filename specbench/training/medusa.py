@@ -24,18 +24,29 @@ IGNORE = -100
 
 @torch.inference_mode()
 def target_features(
-    target, sequences: list[Sequence], progress, batch_size: int = 16, whole: bool = False
+    target,
+    sequences: list[Sequence],
+    progress,
+    batch_size: int = 16,
+    whole: bool = False,
+    layers: tuple[int, ...] = (),
 ) -> list[torch.Tensor]:
     """The target's last hidden state (after the final norm, what its LM head reads) at each
     sequence's positions ``start - 1 ..`` (``whole``: at every position), in bfloat16 (half the
-    memory, ample for training)."""
+    memory, ample for training): [positions, H]; with ``layers``, the states of those layers first
+    (``hidden_states[i]``), then the last: [positions, len(layers) + 1, H]."""
     out: list[torch.Tensor | None] = [None] * len(sequences)
     order = sorted(range(len(sequences)), key=lambda i: sequences[i].ids.shape[0])
     task = progress.add_task("target features", total=len(sequences), stats="")
     for first in range(0, len(order), batch_size):
         batch = order[first : first + batch_size]
         ids, mask = right_padded([sequences[i].ids for i in batch], target.device)
-        hidden = target.model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
+        output = target.model.base_model(
+            input_ids=ids, attention_mask=mask, output_hidden_states=bool(layers)
+        )
+        hidden = output.last_hidden_state
+        if layers:
+            hidden = torch.stack([*(output.hidden_states[i] for i in layers), hidden], dim=2)
         for row, i in enumerate(batch):
             s = sequences[i]
             first = 0 if whole else s.start - 1

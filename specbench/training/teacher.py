@@ -104,6 +104,11 @@ def split_source(source: str) -> tuple[str, str]:
     return task, split
 
 
+def split_label(source: str) -> str:
+    """``"task:split"`` -> the label of its rows in a run (``task/split``, :class:`DatasetRun`'s)."""
+    return "/".join(split_source(source))
+
+
 def _training_file_or_fail(task: str, split: str, data_dir: str) -> Path:
     path = _training_file(task, split, data_dir)
     if path is None:
