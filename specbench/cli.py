@@ -646,7 +646,8 @@ def distill(
         "the target's last hidden state; recipes name them medusa:<target>/medusa), eagle (an EAGLE head: "
         "one decoder layer on the target's features, also saved in vLLM's eagle layout; recipes name it "
         "eagle:<target>/eagle), eagle3 (the same head reading EAGLE-3's fusion of the target's low, middle "
-        "and high layers, trained on the token loss alone; eagle:<target>/eagle3, no vLLM layout). Repeat "
+        "and high layers, RMS-normalised, trained on the token loss alone; eagle:<target>/eagle3, no vLLM "
+        "layout). Repeat "
         "the option for several.",
     ),
     data_dir: Path = typer.Option(

@@ -15,6 +15,7 @@ import yaml
 from conftest import OpCount
 from rich.progress import Progress
 from test_acceptance import TINY_OPTIONS, assert_matches, exact_joint, softmax_at
+from torch import nn
 from typer.testing import CliRunner
 
 from specbench import sources
@@ -44,7 +45,9 @@ def random_head(
     fused: tuple[int, ...] = (),
 ) -> eagle.EagleDrafter:
     torch.manual_seed(seed)
-    module = eagle.EagleHead.for_target(target.model, fused)
+    module = eagle.EagleHead.for_target(target.model, fused, fusion_norm=bool(fused))
+    if module.fusion_norm is not None:  # not the identity's ones: a skipped norm shows
+        nn.init.uniform_(module.fusion_norm.weight, 0.5, 1.5)
     weight = target.model.get_output_embeddings().weight.detach()
     module = module.to(weight.dtype)
     embeddings = target.model.get_input_embeddings()
@@ -84,7 +87,7 @@ def from_scratch(drafter: eagle.EagleDrafter, target_weights, prompt, tokens, pa
         if drafter.head.fuse is None:
             features = states[-1][0]
         else:  # EAGLE-3: the fusion of the target's chosen layers
-            features = drafter.head.fuse(torch.cat([states[i][0] for i in drafter.head.fused_layers], -1))
+            features = drafter.head.read(torch.cat([states[i][0] for i in drafter.head.fused_layers], -1))
         inputs, feats = list(sequence[1:]), list(features[:-1])
         out = None
         for token in [None, *path_tokens]:
@@ -176,7 +179,8 @@ def test_eagle_greedy_is_the_target_greedy_output(engine, static, fused, shape, 
     target = HFModel(weights, "t") if engine == "eager" else CompiledHFModel(weights, "t", quick=True)
     if engine == "compiled":
         target.prepare(64, hidden=True, tree_sizes=(nodes,))
-    drafter = random_head(HFModel(weights, "t"), 3, static=static, fused=fused)
+    # seed 4: a random head that agrees with the target somewhere in every case (no vacuous pass)
+    drafter = random_head(HFModel(weights, "t"), 4, static=static, fused=fused)
     out = tree_speculative.generate(
         target, drafter, prompt, depth=depth, branch=branch, frontier=frontier, nodes=nodes, max_new_tokens=30
     )
@@ -353,6 +357,7 @@ def test_training_lifts_the_heads_agreement_on_held_out_text(size, unroll, tiny_
         hidden = weights.config.hidden_size
         assert head.fused_layers == (0, 1) and head.fuse.weight.shape == (hidden, 2 * hidden)
         assert record["fused_layers"] == [0, 1] and record["feature_regression"] is False
+        assert head.fusion_norm is not None and record["fusion_norm"] is True
         # the 2 layers, then the last
         assert torch.load(tmp_path / "f-layers0.1-held-4.pt")[0].shape[1:] == (3, hidden)
     else:
@@ -397,11 +402,16 @@ def test_the_vllm_export_holds_the_heads_weights_under_vllms_names(tmp_path, tin
     torch.testing.assert_close(fresh.to(torch.float32)(*args), drafter.head.float()(*args))
 
 
-def write_head(cache, target_weights, source: str = "tiny-llama", fused: tuple = (), **manifest):
-    head = eagle.EagleHead.for_target(target_weights, fused)
+def write_head(
+    cache, target_weights, source: str = "tiny-llama", fused: tuple = (), norm: bool = False, **manifest
+):
+    head = eagle.EagleHead.for_target(target_weights, fused, fusion_norm=norm)
+    if head.fusion_norm is not None:
+        nn.init.uniform_(head.fusion_norm.weight, 0.5, 1.5)
     config = target_weights.config
     fields = {"hidden_size": config.hidden_size, "vocab_size": config.vocab_size}
     fields |= {"fused_layers": list(fused)} if fused else {}
+    fields |= {"fusion_norm": True} if norm else {}
     fields |= {"num_hidden_layers": config.num_hidden_layers, "draft_vocab": None}
     fields["parameters"] = sum(p.numel() for p in head.parameters())
     eagle.save(cache / "drafters" / source / "eagle", head, fields | manifest)
@@ -468,11 +478,15 @@ def test_an_eagle3_head_loads_with_its_fusion_runs_lossless_and_no_engine_takes_
     tmp_path, monkeypatch, tiny_model
 ):
     target = cached_head(tmp_path, monkeypatch)
-    saved = write_head(tmp_path / "cache", target.model, fused=(0, 1))
     request = sources.ModelRequest("head", "eagle:tiny-llama/eagle", options=(("of", "target"),))
+    # a head trained before the fusion norm existed: its manifest names none, and it loads without
+    write_head(tmp_path / "cache", target.model, fused=(0, 1))
+    assert sources.load(request, {"target": target}.__getitem__).head.fusion_norm is None
+    saved = write_head(tmp_path / "cache", target.model, fused=(0, 1), norm=True)
     drafter = sources.load(request, {"target": target}.__getitem__)
     assert drafter.target_layers == (0, 1)
     torch.testing.assert_close(drafter.head.fuse.weight, saved.fuse.weight.to(torch.float64))
+    torch.testing.assert_close(drafter.head.fusion_norm.weight, saved.fusion_norm.weight.to(torch.float64))
     data = recipe()
     data["models"].pop("medusa")
     result = run(tmp_path, data)
@@ -497,6 +511,7 @@ def test_distill_trains_an_eagle3_head_that_a_recipe_runs_lossless(tmp_path, mon
     folder = tmp_path / "cache" / "drafters" / "tiny-llama" / "eagle3"
     manifest = json.loads((folder / eagle.MANIFEST).read_text())
     assert manifest["fused_layers"] == [0, 1] and manifest["feature_regression"] is False
+    assert manifest["fusion_norm"] is True
     assert not (folder / "vllm").exists()  # no vLLM layout carries the fusion
     data = recipe()
     data["models"].pop("medusa")

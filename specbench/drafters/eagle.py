@@ -21,10 +21,13 @@ EAGLE-3's multi-layer feature fusion (Li, Wei, Zhang and Zhang, "EAGLE-3: Scalin
 Acceleration of Large Language Models via Training-Time Test", 2025): a head trained with
 ``--size eagle3`` reads at the committed positions the target's low, middle and high states
 (:func:`fusion_layers`: the inputs of decoder layers 2, L/2 and L - 3, vLLM's choice too), concatenated
-and projected to one feature by ``fuse`` (3H -> H, no bias); deeper tree levels read the head's own
-output, as before, and it is trained on the token loss alone. The rest is this module's EAGLE-1 layout
-(the fc over [embedding; feature], the target's decoder layer, the shared LM head), not EAGLE-3's own
-layer (which widens attention to 2H inputs and has its own LM head); vLLM cannot load it.
+and projected to one feature by ``fuse`` (3H -> H, no bias), then RMS-normalised (``fusion_norm``,
+EAGLE-3's ``hidden_norm``, which there normalises every feature entering the layer; here only the
+fused one: the head's own outputs enter unnormed, at the scale it learned); deeper tree levels read
+the head's own output, as before, and it is trained on the token loss alone. The rest is this
+module's EAGLE-1 layout (the fc over [embedding; feature], the target's decoder layer, the shared LM
+head), not EAGLE-3's own layer (which widens attention to 2H inputs and has its own LM head); vLLM
+cannot load it.
 
 Saved as ``eagle_head.safetensors`` + ``eagle.json`` (the target's config fields it was built with,
 the draft vocabulary, the training record) in ``<cache>/drafters/<target>/eagle``; loaded by the
@@ -72,9 +75,17 @@ class EagleHead(nn.Module):
     """``forward(embeddings, features) -> predicted next features``, one decoder layer of the target's
     class (``layer_type``, ``rotary_type``: the target's decoder layer and rotary embedding classes).
     ``fused_layers``: the target states an EAGLE-3 head fuses into the feature it reads at committed
-    positions (none: it reads the final state, as EAGLE-1)."""
+    positions (none: it reads the final state, as EAGLE-1); ``fusion_norm``: the fused feature is
+    RMS-normalised (EAGLE-3's ``hidden_norm``; heads trained before it existed have none)."""
 
-    def __init__(self, config, layer_type: type, rotary_type: type, fused_layers: tuple[int, ...] = ()):
+    def __init__(
+        self,
+        config,
+        layer_type: type,
+        rotary_type: type,
+        fused_layers: tuple[int, ...] = (),
+        fusion_norm: bool = False,
+    ):
         super().__init__()
         hidden = config.hidden_size
         self.fc = nn.Linear(2 * hidden, hidden, bias=False)  # vLLM's EAGLE layout has no bias
@@ -83,11 +94,18 @@ class EagleHead(nn.Module):
         self.rotary = rotary_type(config=config)
         self.fused_layers = tuple(fused_layers)
         self.fuse = nn.Linear(len(fused_layers) * hidden, hidden, bias=False) if fused_layers else None
+        # the target's residual states before its final norm can be huge (SmolLM2's layers 15 and 27
+        # reach 24832, RMS ~70): unnormalised, the fused feature swamps the token embedding in fc
+        eps = getattr(config, "rms_norm_eps", 1e-6)
+        self.fusion_norm = nn.RMSNorm(hidden, eps=eps) if fused_layers and fusion_norm else None
 
     @classmethod
-    def for_target(cls, target_model, fused_layers: tuple[int, ...] = ()) -> EagleHead:
+    def for_target(
+        cls, target_model, fused_layers: tuple[int, ...] = (), fusion_norm: bool = False
+    ) -> EagleHead:
         base = target_model.base_model
-        return cls(head_config(target_model), type(base.layers[0]), type(base.rotary_emb), fused_layers)
+        layer, rotary = type(base.layers[0]), type(base.rotary_emb)
+        return cls(head_config(target_model), layer, rotary, fused_layers, fusion_norm)
 
     @property
     def reads(self) -> tuple:
@@ -97,7 +115,10 @@ class EagleHead(nn.Module):
     def read(self, states: torch.Tensor) -> torch.Tensor:
         """The feature the head reads at committed positions from the target's states of :attr:`reads`
         concatenated ([..., len(reads) * H]): the final state itself, or an EAGLE-3 head's fusion."""
-        return states if self.fuse is None else self.fuse(states)
+        if self.fuse is None:
+            return states
+        fused = self.fuse(states)
+        return fused if self.fusion_norm is None else self.fusion_norm(fused)
 
     def forward(self, embeddings, features, positions, mask, cache=None) -> torch.Tensor:
         """``embeddings``, ``features``: [B, T, H]; ``positions``: [B, T]; ``mask``: bool
@@ -462,7 +483,8 @@ def load(
     from safetensors.torch import load_file
 
     manifest = read_manifest(folder, (MANIFEST, HEAD_FILE), "eagle", "EAGLE head", target, where)
-    head = EagleHead.for_target(target.model, tuple(manifest.get("fused_layers", ())))
+    fused = tuple(manifest.get("fused_layers", ()))
+    head = EagleHead.for_target(target.model, fused, manifest.get("fusion_norm", False))
     try:
         head.load_state_dict(load_file(str(folder / HEAD_FILE)))
     except RuntimeError as error:  # same widths, another layer shape (heads, MLP width, biases)

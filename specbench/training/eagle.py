@@ -15,8 +15,9 @@ deeper levels do. Deterministic (seeded order and noise).
 
 ``--size eagle3`` trains EAGLE-3's multi-layer feature fusion
 (:func:`specbench.drafters.eagle.fusion_layers`): the first step reads the target's low, middle and
-high states fused by the head's ``fuse`` projection (the noise is added to those states), and, as in
-EAGLE-3, the loss is the token loss alone (no feature regression: what the head predicts need not be
+high states fused by the head's ``fuse`` projection and RMS-normalised (``fusion_norm``, EAGLE-3's
+``hidden_norm``; the noise is added to the raw states), and, as in EAGLE-3, the loss is the token loss
+alone (no feature regression: what the head predicts need not be
 the target's final state).
 """
 
@@ -174,7 +175,7 @@ def train_head(target, train, held_out, config, vocab, progress, features_at: Pa
     f_held = cached_features(
         target, held_out, Path(f"{features_at}-held-{len(held_out)}.pt"), progress, fused
     )
-    head = EagleHead.for_target(target.model, fused).float()
+    head = EagleHead.for_target(target.model, fused, fusion_norm=bool(fused)).float()
     embed = target.model.get_input_embeddings().weight.detach().float()
     full_weight = target.model.get_output_embeddings().weight.detach().float()
     weight = full_weight[vocab]
@@ -220,7 +221,7 @@ def train_head(target, train, held_out, config, vocab, progress, features_at: Pa
         "positions": int(sum(s.ids.shape[0] for s in train)),
         "steps": len(plan),
         "unroll": depth,
-        **({"fused_layers": list(fused), "feature_regression": False} if fused else {}),
+        **({"fused_layers": list(fused), "fusion_norm": True, "feature_regression": False} if fused else {}),
         "noise": NOISE,
         "classification_weight": CLASSIFICATION_WEIGHT,
         "curve": curve,
