@@ -358,6 +358,7 @@ def test_training_lifts_the_heads_agreement_on_held_out_text(size, unroll, tiny_
         assert head.fused_layers == (0, 1) and head.fuse.weight.shape == (hidden, 2 * hidden)
         assert record["fused_layers"] == [0, 1] and record["feature_regression"] is False
         assert head.fusion_norm is not None and record["fusion_norm"] is True
+        assert record["trainer_revision"] == 2  # part of the training digest: runs of unnormed heads go stale
         # the 2 layers, then the last
         assert torch.load(tmp_path / "f-layers0.1-held-4.pt")[0].shape[1:] == (3, hidden)
     else:

@@ -85,6 +85,10 @@ def test_a_drafter_trained_otherwise_than_the_local_copy_makes_its_rows_stale(
     env["models"]["small"] = {"source": "distilled:t/small", "identity": today}
     environment.write_text(json.dumps(env))
     assert check_run(tiny_run).problems == []
+    # the same configuration, trained by a later revision of its trainer (a head's architecture changed)
+    (folder / "distill.json").write_text(json.dumps(record | {"trainer_revision": 2}))
+    (problem,) = check_run(tiny_run).problems
+    assert "model small (distilled:t/small) was trained otherwise" in problem
     (folder / "distill.json").write_text(json.dumps(record | {"student": {"epochs": 8.0}}))  # retrained
     (problem,) = check_run(tiny_run).problems
     assert "model small (distilled:t/small) was trained otherwise" in problem

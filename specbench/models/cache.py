@@ -41,13 +41,17 @@ def trained_record(folder: Path) -> dict | None:
 
 def trained_identity(folder: Path) -> str | None:
     """A digest of how the drafter in ``folder`` was trained (its ``distill.json``: the teacher data's
-    key and settings, the student's configuration), or None where there is none. Deterministic
-    training makes it stand for the weights; the machine-specific data path is left out."""
+    key and settings, the student's configuration and, where its trainer records one, the trainer's
+    revision), or None where there is none. Deterministic training makes it stand for the weights;
+    the machine-specific data path is left out."""
     manifest = trained_record(folder)
     if manifest is None:
         return None
     teacher = {k: v for k, v in (manifest.get("teacher") or {}).items() if k != "data_dir"}
-    payload = json.dumps({"teacher": teacher, "student": manifest.get("student")}, sort_keys=True)
+    how = {"teacher": teacher, "student": manifest.get("student")}
+    if "trainer_revision" in manifest:  # absent: the first revision, digested as before revisions
+        how["trainer_revision"] = manifest["trainer_revision"]
+    payload = json.dumps(how, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 

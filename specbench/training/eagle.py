@@ -43,6 +43,10 @@ CLASSIFICATION_WEIGHT = 1.0
 # StudentConfig's ``unroll`` asks for more
 UNROLL = 2
 MAX_SEQUENCE = 512
+# how a fused head is trained, part of its training digest (models.cache.trained_identity), so a run
+# measured with a head trained otherwise is found stale: 2, the fused feature RMS-normalised. EAGLE-1
+# heads are at revision 1, left unrecorded so their digests are those their runs carry.
+FUSED_TRAINER_REVISION = 2
 
 
 def cached_features(
@@ -221,7 +225,16 @@ def train_head(target, train, held_out, config, vocab, progress, features_at: Pa
         "positions": int(sum(s.ids.shape[0] for s in train)),
         "steps": len(plan),
         "unroll": depth,
-        **({"fused_layers": list(fused), "fusion_norm": True, "feature_regression": False} if fused else {}),
+        **(
+            {
+                "fused_layers": list(fused),
+                "fusion_norm": True,
+                "feature_regression": False,
+                "trainer_revision": FUSED_TRAINER_REVISION,
+            }
+            if fused
+            else {}
+        ),
         "noise": NOISE,
         "classification_weight": CLASSIFICATION_WEIGHT,
         "curve": curve,
