@@ -78,14 +78,7 @@ class EagleHead(nn.Module):
     positions (none: it reads the final state, as EAGLE-1); ``fusion_norm``: the fused feature is
     RMS-normalised (EAGLE-3's ``hidden_norm``; heads trained before it existed have none)."""
 
-    def __init__(
-        self,
-        config,
-        layer_type: type,
-        rotary_type: type,
-        fused_layers: tuple[int, ...] = (),
-        fusion_norm: bool = False,
-    ):
+    def __init__(self, config, layer_type, rotary_type, fused_layers: tuple = (), fusion_norm: bool = False):
         super().__init__()
         hidden = config.hidden_size
         self.fc = nn.Linear(2 * hidden, hidden, bias=False)  # vLLM's EAGLE layout has no bias
@@ -96,13 +89,11 @@ class EagleHead(nn.Module):
         self.fuse = nn.Linear(len(fused_layers) * hidden, hidden, bias=False) if fused_layers else None
         # the target's residual states before its final norm can be huge (SmolLM2's layers 15 and 27
         # reach 24832, RMS ~70): unnormalised, the fused feature swamps the token embedding in fc
-        eps = getattr(config, "rms_norm_eps", 1e-6)
-        self.fusion_norm = nn.RMSNorm(hidden, eps=eps) if fused_layers and fusion_norm else None
+        norm = nn.RMSNorm(hidden, eps=getattr(config, "rms_norm_eps", 1e-6))
+        self.fusion_norm = norm if fused_layers and fusion_norm else None
 
     @classmethod
-    def for_target(
-        cls, target_model, fused_layers: tuple[int, ...] = (), fusion_norm: bool = False
-    ) -> EagleHead:
+    def for_target(cls, target_model, fused_layers: tuple = (), fusion_norm: bool = False) -> EagleHead:
         base = target_model.base_model
         layer, rotary = type(base.layers[0]), type(base.rotary_emb)
         return cls(head_config(target_model), layer, rotary, fused_layers, fusion_norm)
