@@ -696,6 +696,14 @@ def distill(
         "each further step reads the head's own predicted features, as a tree's deeper levels do; "
         "default 2). A head trained with --unroll N is saved as eagle-unrollN (eagle3-unrollN).",
     ),
+    max_sequence: int = typer.Option(
+        None,
+        "--max-sequence",
+        min=16,
+        help="Heads only (medusa, eagle, eagle3): train on teacher sequences (prompt and answer) of at "
+        "most this many tokens (default 512). Long-prompt tasks such as Spec-Bench's summarization and "
+        "RAG questions need about 1024; each target pass then costs more. Saved as <size>-seqN.",
+    ),
 ):
     """Train drafters that share the target's tokenizer by distillation (forward KL on its top-k).
 
@@ -727,6 +735,7 @@ def distill(
         left_out=evaluated_ids(extra_prompts, leave_out, data_dir),
     )
     overrides = {"epochs": epochs, "lr": lr, "seed": seed, "draft_vocab": draft_vocab, "unroll": unroll}
+    overrides["max_sequence"] = max_sequence
     students = [distillation.student_config(s, **overrides) for s in size]
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn())
     columns += (TextColumn("{task.fields[stats]}"), TimeElapsedColumn())

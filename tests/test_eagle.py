@@ -29,6 +29,7 @@ from specbench.models.compiled import CompiledHFModel
 from specbench.models.hf import HFModel
 from specbench.models.sampling import SamplingParams
 from specbench.models.tree import TokenTree
+from specbench.training.distill import StudentConfig
 from specbench.training.eagle import train_head
 from specbench.training.teacher import Sequence
 
@@ -337,11 +338,7 @@ def test_training_lifts_the_heads_agreement_on_held_out_text(size, unroll, tiny_
     for i in range(24):
         ids = torch.cat([torch.tensor([5 + i % 3]), cycle.roll(-(i % 7)).repeat(3)])
         sequences.append(Sequence(ids, 1, torch.zeros(0, 1), torch.zeros(0, 1)))
-    config = type(
-        "Config",
-        (),
-        {"size": size, "epochs": 300.0, "lr": 1e-2, "batch_tokens": 256, "seed": 0, "unroll": unroll},
-    )()
+    config = StudentConfig(size, epochs=300.0, lr=1e-2, batch_tokens=256, unroll=unroll)
     vocab = torch.arange(300)
     with Progress(disable=True) as progress:
         head, record = train_head(
@@ -376,6 +373,39 @@ def test_a_deeper_training_time_test_is_an_eagle_option_saved_apart():
     assert distill.student_config("eagle3", unroll=3).name == "eagle3-unroll3"
     with pytest.raises(SpecbenchError, match="--unroll"):
         distill.student_config("small", unroll=3)
+
+
+def test_a_longer_training_sequence_is_a_head_option_saved_apart():
+    from specbench.training import distill
+
+    longer = distill.student_config("eagle", max_sequence=1024)
+    assert longer.name == "eagle-seq1024" and longer.manifest()["max_sequence"] == 1024
+    # heads trained before the option keep their identity: an unset max_sequence is not recorded
+    assert "max_sequence" not in distill.student_config("eagle3").manifest()
+    both = distill.student_config("eagle3", unroll=3, max_sequence=1024)
+    assert both.name == "eagle3-unroll3-seq1024"
+    assert distill.student_config("medusa", max_sequence=1024).name == "medusa-seq1024"
+    with pytest.raises(SpecbenchError, match="--max-sequence"):
+        distill.student_config("small", max_sequence=1024)
+
+
+@pytest.mark.parametrize("longest, kept", [(None, 12), (25, 6)])
+def test_the_head_trains_on_sequences_up_to_max_sequence(longest, kept, tiny_model, tmp_path):
+    """Sequences past ``max_sequence`` tokens (512 unless given) are left out of training and of the
+    held-out score, and the record says which limit applied."""
+    target = HFModel(tiny_model("tiny-llama", 0, vocab_size=300), "t")
+    sequences = [
+        Sequence(torch.arange(10, 10 + (22 if i % 2 else 29)), 1, torch.zeros(0, 1), torch.zeros(0, 1))
+        for i in range(16)
+    ]
+    config = StudentConfig("eagle", epochs=1.0, lr=1e-3, batch_tokens=256, max_sequence=longest)
+    with Progress(disable=True) as progress:
+        _, record = train_head(
+            target, sequences[:12], sequences[12:], config, torch.arange(300), progress, tmp_path / "f"
+        )
+    assert record["sequences"] == kept and record["max_sequence"] == (longest or 512)
+    held = 4 if longest is None else 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"f-held-{held}.pt", f"f-train-{kept}.pt"]
 
 
 def test_the_vllm_export_holds_the_heads_weights_under_vllms_names(tmp_path, tiny_model):

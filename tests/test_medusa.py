@@ -24,6 +24,7 @@ from specbench.drafters.heads import draft_head
 from specbench.errors import SpecbenchError
 from specbench.models.hf import HFModel
 from specbench.models.sampling import SamplingParams
+from specbench.training.distill import StudentConfig
 from specbench.training.medusa import train_heads
 from specbench.training.teacher import Sequence
 
@@ -88,7 +89,7 @@ def test_training_lifts_the_heads_accuracy_on_held_out_text(tiny_model):
     for i in range(24):
         ids = torch.cat([torch.tensor([5 + i % 3]), cycle.roll(-(i % 7)).repeat(4)])
         sequences.append(Sequence(ids, 1, torch.zeros(0, 1), torch.zeros(0, 1)))
-    config = type("Config", (), {"epochs": 200.0, "lr": 1e-2, "batch_tokens": 256, "seed": 0})()
+    config = StudentConfig("medusa", epochs=200.0, lr=1e-2, batch_tokens=256)
     vocab = torch.arange(300)
     with Progress(disable=True) as progress:
         heads, record = train_heads(target, sequences[:20], sequences[20:], config, vocab, progress)
@@ -97,6 +98,20 @@ def test_training_lifts_the_heads_accuracy_on_held_out_text(tiny_model):
         record["held_out_accuracy_before"][0] < 0.5
         and record["curve"][-1]["loss"] < record["curve"][0]["loss"]
     )
+    assert record["max_sequence"] == 512 and record["sequences"] == 20
+
+
+def test_medusa_trains_on_sequences_up_to_max_sequence(tiny_model):
+    target = HFModel(tiny_model("tiny-llama", 0, vocab_size=300), "t")
+    sequences = [
+        Sequence(torch.arange(10, 10 + (22 if i % 2 else 29)), 1, torch.zeros(0, 1), torch.zeros(0, 1))
+        for i in range(16)
+    ]
+    config = StudentConfig("medusa", epochs=1.0, lr=1e-3, batch_tokens=256, max_sequence=25)
+    with Progress(disable=True) as progress:
+        _, record = train_heads(target, sequences[:12], sequences[12:], config, torch.arange(300), progress)
+    # the six 22-token training sequences, each supervised at its answer positions
+    assert record["max_sequence"] == 25 and record["sequences"] == 6
 
 
 def write_heads(cache, target_source: str, hidden: int, vocab: int, heads: int = 2) -> None:

@@ -58,16 +58,22 @@ class StudentConfig:
     seed: int = 0
     draft_vocab: int = 0  # 0: the head scores every token; N: only the N most frequent (FR-Spec)
     unroll: int | None = None  # EAGLE only: training-time test steps (None: training.eagle.UNROLL)
+    # heads only: the longest training sequence, prompt and answer, in tokens (None: the trainer's
+    # MAX_SEQUENCE, 512)
+    max_sequence: int | None = None
 
     @property
     def name(self) -> str:
         """The drafter's folder under <cache>/drafters/<target>/ (and its name in recipes)."""
-        return self.size if self.unroll is None else f"{self.size}-unroll{self.unroll}"
+        name = self.size if self.unroll is None else f"{self.size}-unroll{self.unroll}"
+        return name if self.max_sequence is None else f"{name}-seq{self.max_sequence}"
 
     def manifest(self) -> dict:
-        """The configuration as recorded in distill.json; an unset ``unroll`` is left out, so the
-        identity of heads trained before the option existed stays what their rows carry."""
-        return {k: v for k, v in asdict(self).items() if not (k == "unroll" and v is None)}
+        """The configuration as recorded in distill.json; unset ``unroll`` and ``max_sequence`` are
+        left out, so the identity of heads trained before the options existed stays what their rows
+        carry."""
+        optional = ("unroll", "max_sequence")
+        return {k: v for k, v in asdict(self).items() if not (k in optional and v is None)}
 
 
 STUDENTS = {
@@ -107,6 +113,12 @@ def student_config(size: str, **overrides) -> StudentConfig:
             "--unroll",
             f"--size {size} has no training-time test",
             "pass --unroll with --size eagle or eagle3 only",
+        )
+    if overrides.get("max_sequence") is not None and size not in HEADS:
+        raise SpecbenchError(
+            "--max-sequence",
+            f"--size {size} trains on the teacher data's whole sequences",
+            "pass --max-sequence with --size medusa, eagle or eagle3 only",
         )
     return StudentConfig(**(asdict(base) | {k: v for k, v in overrides.items() if v is not None}))
 

@@ -164,7 +164,8 @@ def accuracy(
 
 def train_head(target, train, held_out, config, vocab, progress, features_at: Path):
     """Train an EAGLE head on ``target`` (``config``: size, epochs, lr, batch_tokens, seed, unroll: None
-    for :data:`UNROLL`; size eagle3 fuses the target's layers); returns (head, record with the loss
+    for :data:`UNROLL`, max_sequence: None for :data:`MAX_SEQUENCE`; size eagle3 fuses the target's
+    layers); returns (head, record with the loss
     curve and the held-out accuracy of each unrolled step). The target's features are kept at
     ``features_at``[-layers<i.j.k>]-{train,held}-<count>.pt."""
     torch.manual_seed(config.seed)
@@ -173,8 +174,9 @@ def train_head(target, train, held_out, config, vocab, progress, features_at: Pa
     fused = fusion_layers(layers) if config.size == "eagle3" else ()
     if fused:
         features_at = f"{features_at}-layers{'.'.join(map(str, fused))}"
-    train = [s for s in train if s.ids.shape[0] <= MAX_SEQUENCE]
-    held_out = [s for s in held_out if s.ids.shape[0] <= MAX_SEQUENCE]
+    longest = config.max_sequence or MAX_SEQUENCE
+    train = [s for s in train if s.ids.shape[0] <= longest]
+    held_out = [s for s in held_out if s.ids.shape[0] <= longest]
     f_train = cached_features(target, train, Path(f"{features_at}-train-{len(train)}.pt"), progress, fused)
     f_held = cached_features(
         target, held_out, Path(f"{features_at}-held-{len(held_out)}.pt"), progress, fused
@@ -221,7 +223,7 @@ def train_head(target, train, held_out, config, vocab, progress, features_at: Pa
     after = accuracy(head, embed, full_weight, vocab, held_out, f_held, config.batch_tokens, depth)
     record = {
         "sequences": len(train),
-        "max_sequence": MAX_SEQUENCE,
+        "max_sequence": longest,
         "positions": int(sum(s.ids.shape[0] for s in train)),
         "steps": len(plan),
         "unroll": depth,

@@ -98,14 +98,16 @@ def accuracy(
 def train_heads(target, train: list[Sequence], held_out: list[Sequence], config, vocab, progress):
     """Train ``config``'s heads (``StudentConfig``: epochs, lr, batch_tokens, seed; the head count
     is ``MEDUSA_HEADS``); returns (heads, record with the loss curve and held-out accuracies).
-    Sequences longer than ``MAX_SEQUENCE`` tokens are left out (the few-shot MMLU prompts, whose
-    target pass costs most for few answer positions), and at most ``MAX_SEQUENCES`` of the rest are
-    used (a seeded choice): the target's pass over them is most of the CPU time."""
+    Sequences longer than ``config.max_sequence`` (default ``MAX_SEQUENCE``) tokens are left out (the
+    few-shot MMLU prompts, whose target pass costs most for few answer positions), and at most
+    ``MAX_SEQUENCES`` of the rest are used (a seeded choice): the target's pass over them is most of
+    the CPU time."""
     torch.manual_seed(config.seed)
-    train = [s for s in train if s.ids.shape[0] <= MAX_SEQUENCE]
+    longest = config.max_sequence or MAX_SEQUENCE
+    train = [s for s in train if s.ids.shape[0] <= longest]
     chosen = torch.randperm(len(train), generator=torch.Generator().manual_seed(config.seed))
     train = [train[i] for i in sorted(chosen[:MAX_SEQUENCES].tolist())]
-    held_out = [s for s in held_out if s.ids.shape[0] <= MAX_SEQUENCE]
+    held_out = [s for s in held_out if s.ids.shape[0] <= longest]
     hidden_size = target.model.config.get_text_config().hidden_size
     heads = medusa.MedusaHeads(hidden_size, MEDUSA_HEADS)
     weight = target.model.get_output_embeddings().weight.detach().float()[vocab]  # [Vr, H], frozen
@@ -146,7 +148,7 @@ def train_heads(target, train: list[Sequence], held_out: list[Sequence], config,
     after = accuracy(heads, weight, f_held, y_held)
     record = {
         "sequences": len(train),
-        "max_sequence": MAX_SEQUENCE,
+        "max_sequence": longest,
         "positions": int(f_train.shape[0]),
         "steps": steps,
         "curve": curve,
