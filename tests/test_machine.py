@@ -166,15 +166,24 @@ def test_a_model_resolving_to_another_dtype_is_refused(measured: Path, tmp_path:
         Runner(changed, measured, resume=True).run()
 
 
-def test_report_and_compare_name_the_machine_of_each_run(measured: Path):
+def test_report_and_compare_name_the_machine_of_each_run(measured: Path, tmp_path: Path, monkeypatch):
     printed = " ".join(runner.invoke(app, ["report", str(measured)]).output.split())
     assert f"run: measured on {this_machine().describe()}; target float64, eager" in printed
-    refused = runner.invoke(app, ["compare", str(measured), str(ROOT / "results/quickstart")])
-    assert refused.exit_code == 2 and "is another experiment than in run: its models differ" in refused.output
+    # measured as another machine, so that its machine differs from the quickstart's on any host (the
+    # quickstart's Xeon included)
+    _elsewhere(monkeypatch)
+    elsewhere = tmp_path / "elsewhere"
+    Runner(_recipe(tmp_path), elsewhere).run()
+    refused = runner.invoke(app, ["compare", str(elsewhere), str(ROOT / "results/quickstart")])
+    assert (
+        refused.exit_code == 2
+        and "is another experiment than in elsewhere: its models differ" in refused.output
+    )
     compared = runner.invoke(
-        app, ["compare", str(measured), str(ROOT / "results/quickstart"), "--allow-incomparable"]
+        app, ["compare", str(elsewhere), str(ROOT / "results/quickstart"), "--allow-incomparable"]
     )
     text = " ".join(compared.output.split())
+    assert f"elsewhere: measured on {OTHER.describe()}" in text
     assert "quickstart: measured on Intel(R) Xeon(R) Processor (family 6, model 167), AMX" in text
     assert "smollm2 bfloat16 (auto: this CPU has AMX), eager" in text
     assert "The runs differ in machine, models, dtypes and engines, generation settings:" in text
