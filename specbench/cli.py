@@ -734,8 +734,8 @@ def distill(
         extra=tuple(extra_prompts),
         left_out=evaluated_ids(extra_prompts, leave_out, data_dir),
     )
-    overrides = {"epochs": epochs, "lr": lr, "seed": seed, "draft_vocab": draft_vocab, "unroll": unroll}
-    overrides["max_sequence"] = max_sequence
+    overrides = {"epochs": epochs, "lr": lr, "seed": seed, "draft_vocab": draft_vocab}
+    overrides |= {"unroll": unroll, "max_sequence": max_sequence}
     students = [distillation.student_config(s, **overrides) for s in size]
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn())
     columns += (TextColumn("{task.fields[stats]}"), TimeElapsedColumn())

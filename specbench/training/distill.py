@@ -59,7 +59,7 @@ class StudentConfig:
     draft_vocab: int = 0  # 0: the head scores every token; N: only the N most frequent (FR-Spec)
     unroll: int | None = None  # EAGLE only: training-time test steps (None: training.eagle.UNROLL)
     # heads only: the longest training sequence, prompt and answer, in tokens (None: the trainer's
-    # MAX_SEQUENCE, 512)
+    # training.medusa.MAX_SEQUENCE, 512)
     max_sequence: int | None = None
 
     @property

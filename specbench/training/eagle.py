@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from specbench.drafters.eagle import EagleHead, causal_mask, fusion_layers
-from specbench.training.medusa import target_features
+from specbench.training.medusa import target_features, up_to_max_sequence
 from specbench.training.teacher import Sequence
 
 NOISE = 0.1  # EAGLE's uniform feature noise, U(-NOISE, NOISE)
@@ -42,7 +42,6 @@ CLASSIFICATION_WEIGHT = 1.0
 # teacher-forced step, then one step on the head's own features (EAGLE-3's training-time test); a
 # StudentConfig's ``unroll`` asks for more
 UNROLL = 2
-MAX_SEQUENCE = 512
 # how a fused head is trained, part of its training digest (models.cache.trained_identity), so a run
 # measured with a head trained otherwise is found stale: 2, the fused feature RMS-normalised. EAGLE-1
 # heads are at revision 1, left unrecorded so their digests are those their runs carry.
@@ -164,19 +163,16 @@ def accuracy(
 
 def train_head(target, train, held_out, config, vocab, progress, features_at: Path):
     """Train an EAGLE head on ``target`` (``config``: size, epochs, lr, batch_tokens, seed, unroll: None
-    for :data:`UNROLL`, max_sequence: None for :data:`MAX_SEQUENCE`; size eagle3 fuses the target's
-    layers); returns (head, record with the loss
-    curve and the held-out accuracy of each unrolled step). The target's features are kept at
-    ``features_at``[-layers<i.j.k>]-{train,held}-<count>.pt."""
+    for :data:`UNROLL`, max_sequence: None for 512; size eagle3 fuses the target's layers); returns
+    (head, record with the loss curve and the held-out accuracy of each unrolled step). The target's
+    features are kept at ``features_at``[-layers<i.j.k>]-{train,held}-<count>.pt."""
     torch.manual_seed(config.seed)
     depth = config.unroll or UNROLL
     layers = target.model.config.get_text_config().num_hidden_layers
     fused = fusion_layers(layers) if config.size == "eagle3" else ()
     if fused:
         features_at = f"{features_at}-layers{'.'.join(map(str, fused))}"
-    longest = config.max_sequence or MAX_SEQUENCE
-    train = [s for s in train if s.ids.shape[0] <= longest]
-    held_out = [s for s in held_out if s.ids.shape[0] <= longest]
+    train, held_out, longest = up_to_max_sequence(train, held_out, config)
     f_train = cached_features(target, train, Path(f"{features_at}-train-{len(train)}.pt"), progress, fused)
     f_held = cached_features(
         target, held_out, Path(f"{features_at}-held-{len(held_out)}.pt"), progress, fused

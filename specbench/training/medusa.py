@@ -95,6 +95,17 @@ def accuracy(
     return (hits / counts.clamp_min(1)).tolist()
 
 
+def up_to_max_sequence(train: list[Sequence], held_out: list[Sequence], config):
+    """The training and held-out sequences of at most ``config.max_sequence`` tokens (default
+    ``MAX_SEQUENCE``), and that limit: what every head trainer learns from."""
+    longest = config.max_sequence or MAX_SEQUENCE
+    return (
+        [s for s in train if s.ids.shape[0] <= longest],
+        [s for s in held_out if s.ids.shape[0] <= longest],
+        longest,
+    )
+
+
 def train_heads(target, train: list[Sequence], held_out: list[Sequence], config, vocab, progress):
     """Train ``config``'s heads (``StudentConfig``: epochs, lr, batch_tokens, seed; the head count
     is ``MEDUSA_HEADS``); returns (heads, record with the loss curve and held-out accuracies).
@@ -103,11 +114,9 @@ def train_heads(target, train: list[Sequence], held_out: list[Sequence], config,
     ``MAX_SEQUENCES`` of the rest are used (a seeded choice): the target's pass over them is most of
     the CPU time."""
     torch.manual_seed(config.seed)
-    longest = config.max_sequence or MAX_SEQUENCE
-    train = [s for s in train if s.ids.shape[0] <= longest]
+    train, held_out, longest = up_to_max_sequence(train, held_out, config)
     chosen = torch.randperm(len(train), generator=torch.Generator().manual_seed(config.seed))
     train = [train[i] for i in sorted(chosen[:MAX_SEQUENCES].tolist())]
-    held_out = [s for s in held_out if s.ids.shape[0] <= longest]
     hidden_size = target.model.config.get_text_config().hidden_size
     heads = medusa.MedusaHeads(hidden_size, MEDUSA_HEADS)
     weight = target.model.get_output_embeddings().weight.detach().float()[vocab]  # [Vr, H], frozen
