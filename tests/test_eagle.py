@@ -26,6 +26,7 @@ from specbench.drafters.draft_vocab import full_vocabulary
 from specbench.drafters.heads import draft_head
 from specbench.errors import SpecbenchError
 from specbench.models.compiled import CompiledHFModel
+from specbench.models.facts import DTYPE_BYTES
 from specbench.models.hf import HFModel
 from specbench.models.sampling import SamplingParams
 from specbench.models.tree import TokenTree
@@ -596,6 +597,12 @@ def test_plan_prices_an_eagle_cell_with_its_heads_own_size(tmp_path, monkeypatch
     head = next(m for m in plan["models"] if m["name"] == "head")
     own = sum(p.numel() for p in eagle.EagleHead.for_target(target.model).parameters())
     assert head["params"] == own and head["shares"] == "target"
+    # a head's pass reads its own weights and the target's LM head rows, not the target's pass
+    base = next(m for m in plan["models"] if m["name"] == "target")
+    config = target.model.config
+    read = (own + config.vocab_size * config.hidden_size) * DTYPE_BYTES[base["dtype"]]
+    assert head["pass_ms"] == pytest.approx(base["pass_ms"] * read / base["weight_bytes"])
+    assert head["pass_ms_source"].endswith(f"{read / 2**20:.1f}/{base['weight_bytes'] / 2**20:.1f} MiB read")
 
 
 def test_the_cuda_graphs_option_reaches_the_head_and_takes_only_true_or_false(

@@ -114,12 +114,11 @@ def test_medusa_trains_on_sequences_up_to_max_sequence(tiny_model):
     assert record["max_sequence"] == 25 and record["sequences"] == 6
 
 
-def write_heads(cache, target_source: str, hidden: int, vocab: int, heads: int = 2) -> None:
+def write_heads(cache, target_source: str, hidden: int, vocab: int, heads: int = 2, draft_vocab=None) -> None:
     folder = cache / "drafters" / target_source / "medusa"
     module = medusa.MedusaHeads(hidden, heads)
-    medusa.save(
-        folder, module, {"heads": heads, "hidden_size": hidden, "vocab_size": vocab, "draft_vocab": None}
-    )
+    manifest = {"heads": heads, "hidden_size": hidden, "vocab_size": vocab, "draft_vocab": draft_vocab}
+    medusa.save(folder, module, manifest)
 
 
 def recipe(tmp_path, method: str = "medusa", drafter: str = "heads", of: str = "target") -> dict:
@@ -213,7 +212,7 @@ def test_the_vllm_export_holds_what_vllm_computes_the_same_logits_from(tmp_path,
 
 def test_plan_prices_tree_and_medusa_cells(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
-    write_heads(tmp_path / "cache", "tiny-llama", 32, 300)
+    write_heads(tmp_path / "cache", "tiny-llama", 32, 300, draft_vocab=list(range(100)))
     data = recipe(tmp_path)
     data["methods"].append(
         {"name": "tree", "method": "tree_speculative", "target": "target", "drafter": "draft"}
@@ -227,6 +226,10 @@ def test_plan_prices_tree_and_medusa_cells(tmp_path, monkeypatch):
     assert "lower bound" in cells["medusa"]["rule"] and "lower bound" in cells["tree_speculative"]["rule"]
     heads = next(m for m in plan["models"] if m["name"] == "heads")
     assert heads["params"] == 2 * (32 * 32 + 32) and heads["shares"] == "target"
+    # their pass reads their weights and the 100 rows of the LM head that their draft vocabulary keeps
+    base = next(m for m in plan["models"] if m["name"] == "target")
+    read = (heads["params"] + 100 * 32) * 8
+    assert heads["pass_ms"] == pytest.approx(base["pass_ms"] * read / base["weight_bytes"])
 
 
 def test_a_compiled_medusa_cell_compiles_its_state_graphs_before_the_first_timed_example(

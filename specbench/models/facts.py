@@ -42,6 +42,8 @@ class ModelFacts:
     layers: int | None = None  # decoder layers
     shares: str | None = None  # early-exit: the recipe model whose weights it runs
     pass_fraction: float = 1.0  # early-exit: its layers / the base's layers
+    # heads on a target: the bytes one pass reads (their weights and the LM head rows they share)
+    pass_bytes: int | None = None
     # parameter name -> number of elements (an explicit device_map places modules by these)
     numels: dict[str, int] = field(default_factory=dict, repr=False)
     meta: object = field(default=None, repr=False)  # the model on the meta device (accelerate's splits)

@@ -329,6 +329,13 @@ def pass_times(recipe, facts, placed, hardware, given, timed, previous) -> dict[
             times[name] = timed[name]
         elif name in measured:
             times[name] = (measured[name], "previous run (seconds / forward passes)")
+        elif fact.shares is not None and fact.pass_bytes is not None:
+            base_ms, _ = times[fact.shares]
+            base_bytes = facts[fact.shares].weight_bytes
+            times[name] = (
+                base_ms * fact.pass_bytes / base_bytes,
+                f"{fact.shares}'s pass x {fact.pass_bytes / 2**20:.1f}/{base_bytes / 2**20:.1f} MiB read",
+            )
         elif fact.shares is not None:
             base_ms, _ = times[fact.shares]
             times[name] = (

@@ -67,6 +67,7 @@ def heads_source(
         manifest = json.loads(path.read_text())
         params = parameters(manifest)
         origin = f"{title} on {spec.options.get('of')} (share its LM head)"
+        lm_head_rows = len(manifest.get("draft_vocab") or ()) or manifest["vocab_size"]
         return ModelFacts(
             name,
             spec.source,
@@ -76,6 +77,7 @@ def heads_source(
             params * DTYPE_BYTES[dtype],
             0,
             shares=spec.options.get("of"),
+            pass_bytes=(params + lm_head_rows * manifest["hidden_size"]) * DTYPE_BYTES[dtype],
         )
 
     return Source(
