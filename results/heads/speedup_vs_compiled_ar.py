@@ -9,8 +9,8 @@ cell, puts the tree head to head with it.
 
 The speedup is the cell's tokens/s over the baseline's, each summed over the examples; for a lossless
 cell, whose examples yield the baseline's tokens, that is the baseline's walltime over the cell's. In
-bfloat16 the outputs of two cells may part at near-ties (`specbench audit` tells those from bugs), and
-the line says how many outputs differ from the baseline's.
+bfloat16 the outputs of two cells may part at near-ties (the report's `lossless` column counts those
+ties apart from mismatches), and the line says how many outputs differ from the baseline's.
 """
 
 import json
