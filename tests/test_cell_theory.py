@@ -216,3 +216,35 @@ def test_the_cascades_view_says_when_the_theory_predicts_that_no_rule_pays():
     assert "rejects 0.900" in explained and "SWI 0.86 (ours 0.87)" in explained
     cells.loc[0, "swi_ms_theory"] = 1.2  # speculation pays: nothing to explain
     assert not [note for note in lemma5([Run("r", Path("."), cells)]).notes if note.startswith("r cnn")]
+
+
+def test_the_cascades_view_prices_the_theory_at_the_measured_passes_and_explains_a_walltime_reversal():
+    from specbench.papers.base import Run
+    from specbench.papers.spec_cascades.tables import lemma5, walltime_theory
+
+    cells = pd.DataFrame(
+        [
+            {"dataset": "gsm", "cell": "ar-large", "method": "autoregressive", "target": "large",
+             "params": "{}", "pass_ms": '{"large": 40.0}', "speedup_vs_ar": 1.0},
+            {"dataset": "gsm", "cell": "sd", "method": "spec_cascade", "target": "large",
+             "params": '{"rule": "sd"}', "reviewed_drafts": 100, "rejection_rate": 0.5,
+             "rejection_rate_lemma5": float("nan"), "swi_ms": 1.31, "swi_ms_theory": 1.3,
+             "theory_tokens_per_step": 2.0, "theory_passes": '{"small": 5.0}',
+             "pass_ms": '{"large": 80.0, "small": 2.0}', "speedup_vs_ar": 0.85},
+        ]
+    )  # fmt: skip
+    sd = cells.iloc[1].to_dict()
+    # 2 tokens a step for one 80 ms verification and five 2 ms drafts, against 40 ms a token alone
+    assert walltime_theory(sd, cells) == pytest.approx(2 * 40 / (80 + 5 * 2))
+    assert walltime_theory(sd, cells[cells["method"] != "autoregressive"]) != walltime_theory(sd, cells)
+    view = lemma5([Run("r", Path("."), cells)])
+    (row,) = view.rows
+    assert (row["wall× ours"], row["wall× theory"]) == ("0.85×", "0.89×")
+    (explained,) = [note for note in view.notes if note.startswith("r gsm")]
+    assert "SWI 1.30 (ours 1.31)" in explained and "80.0 ms against 40.0 ms" in explained
+    assert "predicts no gain either" in explained
+    cells.loc[1, "pass_ms"] = '{"large": 50.0, "small": 2.0}'  # the passes would give a gain: overhead
+    (explained,) = [note for note in lemma5([Run("r", Path("."), cells)]).notes if note.startswith("r gsm")]
+    assert "loop's overhead" in explained
+    cells.loc[1, "speedup_vs_ar"] = 1.2  # no walltime reversal: nothing to explain
+    assert not [note for note in lemma5([Run("r", Path("."), cells)]).notes if note.startswith("r gsm")]

@@ -248,3 +248,24 @@ def test_plot_table_has_the_conditional_rate(tmp_path):
     assert sd["acceptance_rate"].tolist() == pytest.approx([3 / 4, 1 / 3])
     assert sd["conditional_rate"].tolist() == pytest.approx([3 / 4, 1 / 2])
     assert set(table["cell"]) == {"sd", "re"}  # AR drafts nothing
+
+
+def test_a_report_gives_a_run_written_before_the_intervals_its_swi_intervals_from_the_rows(tmp_path):
+    from specbench.pipeline.report import load_cells
+
+    run = tmp_path / "legacy"
+    run.mkdir()
+    log = ExampleLog(run / "examples.jsonl")
+    for row in toy_rows():
+        log.append(row)
+    cells = summarise(toy_rows())
+    old = [c for c in cells.columns if c.endswith(("_low", "_high")) or c.startswith("bootstrap_")]
+    cells.drop(columns=old).to_csv(run / "cells.csv", index=False)
+    before = (run / "cells.csv").read_text()
+    shown = load_cells(run).set_index("cell")
+    for column in ("swi_ms_low", "swi_ms_high", "swi_pw_low", "swi_pw_high"):
+        assert shown[column].tolist() == pytest.approx(
+            cells.set_index("cell").loc[shown.index, column].tolist()
+        )
+    assert "speedup_vs_ar_low" not in shown.columns  # walltime intervals are not derived
+    assert (run / "cells.csv").read_text() == before

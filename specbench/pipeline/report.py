@@ -71,6 +71,8 @@ _THEORY = ("swi_ms_theory", "swi_pw_theory", "theory_tokens_per_step", "theory_p
 DERIVED = {
     "speedup_predicted": ("tokens_per_s_predicted", "speedup_predicted", "speedup_prediction_error"),
     "theory_passes": tuple(f"{name}{suffix}" for suffix in ("", "_iid") for name in _THEORY),
+    # SWI's bootstrap intervals are counts only, so a report can give them to a run of any machine
+    "swi_ms_low": ("swi_ms_low", "swi_ms_high", "swi_pw_low", "swi_pw_high"),
 }
 
 

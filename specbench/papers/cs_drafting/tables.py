@@ -176,7 +176,7 @@ def table2(runs: list[Run]) -> tuple[list[View], list[dict]]:
             if method == "autoregressive" and top:
                 theory = 1.0
             row |= {
-                f"{column} ours": num(top[metric]) if top else MISSING,
+                f"{column} ours": num_interval(top, metric),
                 f"{column} theory": num(theory),
                 f"{column} what-if": num(what_if),
                 f"{column} paper": num(paper[column.lower()]),
@@ -202,8 +202,8 @@ def table2(runs: list[Run]) -> tuple[list[View], list[dict]]:
     notes = [
         f"Paper: {ref['table2']['source']}.",
         "ours = the best of this run's cells of the same dataset, algorithm and drafters, chosen per column "
-        "(highest SWI under MS, and separately under PW), as the paper tuned each column; — = no such cell; "
-        "its setting is in the table below.",
+        "(highest SWI under MS, and separately under PW), as the paper tuned each column, with its 95% "
+        "bootstrap interval over the prompts; — = no such cell; its setting is in the table below.",
         "theory = what the papers' analysis expects of that cell from its measured acceptance by draft "
         "position and the cost table: E[tokens per target step] / E[cost per step] (Leviathan et al. 2023, "
         "Theorem 3.8; Chen et al., Corollary 4.2, and Theorems 4.3/4.5 generalised to the K-matrix rule, "

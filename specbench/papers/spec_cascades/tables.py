@@ -115,6 +115,7 @@ def lemma5(runs: list[Run]) -> View:
             n = float(cell.get("reviewed_drafts", math.nan))
             rate = float(cell.get("rejection_rate", math.nan))
             half = 1.96 * (rate * (1 - rate) / n) ** 0.5 if n else math.nan
+            wall, predicted = float(cell.get("speedup_vs_ar", math.nan)), walltime_theory(cell, cells)
             rows.append(
                 {
                     "Run": run.name,
@@ -126,10 +127,28 @@ def lemma5(runs: list[Run]) -> View:
                     "ours - Lemma 5, examples resampled": gaps.get((cell["dataset"], cell["cell"]), MISSING),
                     "SWI MS ours": num(cell.get("swi_ms")),
                     "SWI MS theory": num(cell.get("swi_ms_theory")),
+                    "wall× ours": num(wall, unit="×"),
+                    "wall× theory": num(predicted, unit="×"),
                 }
             )
             theory = float(cell.get("swi_ms_theory", math.nan))
-            if json.loads(cell.get("params") or "{}").get("rule") == "sd" and theory < 1:
+            plain = json.loads(cell.get("params") or "{}").get("rule") == "sd"
+            if plain and theory >= 1 > wall:
+                verify, one = _pass_ms(cell, cell["target"]), _pass_ms(_ar_cell(cell, cells), cell["target"])
+                explained.append(
+                    f"{run.name} {cell['dataset']}: the theory gives plain speculative decoding SWI "
+                    f"{num(theory)} (ours {num(cell.get('swi_ms'))}) at the model-size costs, a gain, yet "
+                    f"it runs {num(wall, unit='×')} the large model's walltime: its verification pass costs "
+                    f"{num(verify, 1)} ms against {num(one, 1)} ms for the large model's one-token pass "
+                    f"({num(verify / one, unit='×')}), which the cost table prices alike. At the passes' "
+                    f"measured times the same acceptance gives {num(predicted, unit='×')} (wall× theory): "
+                    + (
+                        "priced at this machine's passes, the theory predicts no gain either."
+                        if predicted < 1.05
+                        else "the theory expects a gain there: the loop's overhead, not the passes, loses it."
+                    )
+                )
+            if plain and theory < 1:
                 explained.append(
                     f"{run.name} {cell['dataset']}: plain speculative decoding against the large model "
                     f"rejects {num(rate, 3)} of the small model's drafts, so the theory gives it SWI "
@@ -152,6 +171,10 @@ def lemma5(runs: list[Run]) -> View:
         "SWI MS theory: E[tokens per step] / (1 + passes c) from the cell's acceptance by draft position "
         "(Leviathan et al. 2023, Theorem 3.8), the drafter's passes including the one at the bonus "
         "position that π needs.",
+        "wall× ours: walltime speedup over the large model's AR cell; wall× theory: the same expected "
+        "tokens per step priced at the passes' measured times, the large model's one-token pass over "
+        "(this cell's target pass + the drafter passes a step needs x the drafter's pass): where the two "
+        "agree, the walltime is what the acceptance and this machine's pass costs make it.",
         *explained,
     ]
     if not rows:
@@ -161,6 +184,38 @@ def lemma5(runs: list[Run]) -> View:
         )
     title = "Speculative Cascades Lemma 5: rejection rate per reviewed draft, ours | Lemma 5"
     return View(title, rows, notes)
+
+
+def walltime_theory(cell: dict, cells) -> float:
+    """The speedup over the large model's AR cell that the cell's expected tokens per step give at the
+    measured pass times: t_AR / (t_verify + Σ_m passes_m · t_m) per expected token (NaN without the
+    AR cell or the times)."""
+    try:
+        ar = _ar_cell(cell, cells)
+        passes = json.loads(cell["theory_passes"])
+        step = _pass_ms(cell, cell["target"]) + sum(n * _pass_ms(cell, m) for m, n in passes.items())
+        return float(cell["theory_tokens_per_step"]) * _pass_ms(ar, cell["target"]) / step
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return math.nan
+
+
+def _ar_cell(cell: dict, cells) -> dict | None:
+    """The autoregressive cell of ``cell``'s target on its dataset (the large model alone), if any."""
+    if not {"method", "target", "dataset"} <= set(cells.columns):
+        return None
+    same = cells[
+        (cells["method"] == "autoregressive")
+        & (cells["target"] == cell["target"])
+        & (cells["dataset"] == cell["dataset"])
+    ]
+    return same.iloc[0].to_dict() if len(same) else None
+
+
+def _pass_ms(cell: dict | None, model: str) -> float:
+    """A model's mean pass time in a cell (its ``pass_ms`` JSON); NaN where the cell has none."""
+    if cell is None or not isinstance(cell.get("pass_ms"), str):
+        return math.nan
+    return float(json.loads(cell["pass_ms"]).get(model, math.nan))
 
 
 def _lemma5_gaps(run: Run) -> dict[tuple[str, str], str]:

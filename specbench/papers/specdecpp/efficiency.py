@@ -174,6 +174,26 @@ def regression_table(rows: list[dict]) -> pd.DataFrame:
     )
 
 
+def measured_times(rows: list[dict]) -> dict[tuple[str, str, str], tuple[float, float]]:
+    """(target, drafter, dataset or ``all``) -> (t_draft, t_target): each model's seconds per forward
+    pass as the rows timed them, pooled over the speculative and specdecpp rows (the settings whose
+    times predict throughput, Sec. 4.2). Where the fit of Equation 2.1 cannot separate the two times
+    (collinear counts, or a verification pass that costs more than a one-token pass), these are the
+    times Equation 2.3 can still be priced at."""
+    sums: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0, 0.0, 0])
+    for row in _timed(rows):
+        if row["method"] not in POOLED or not _two_model(row):
+            continue
+        drafter, target = row["forwards"][row["drafter"]], row["forwards"][row["target"]]
+        for dataset in (row["dataset"], ALL):
+            total = sums[(row["target"], row["drafter"], dataset)]
+            total[0] += drafter.get("seconds", math.nan)
+            total[1] += drafter["forward_passes"]
+            total[2] += target.get("seconds", math.nan)
+            total[3] += target["forward_passes"]
+    return {key: (d / nd, t / nt) for key, (d, nd, t, nt) in sums.items()}
+
+
 # -- per cell --------------------------------------------------------------------------------------
 
 
@@ -187,6 +207,7 @@ def rates_table(rows: list[dict], regression: pd.DataFrame | None = None) -> pd.
     """
     if regression is None:
         regression = regression_table(rows)
+    measured = measured_times(rows)
     cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for row in rows:
         cells[(row["dataset"], row["cell"])].append(row)
@@ -218,7 +239,14 @@ def rates_table(rows: list[dict], regression: pd.DataFrame | None = None) -> pd.
             "t_target_s": math.nan,
             "predicted_tokens_per_s": math.nan,
             "predicted_tokens_per_s_counts": math.nan,
+            "t_draft_measured_s": math.nan,
+            "t_target_measured_s": math.nan,
+            "predicted_tokens_per_s_measured": math.nan,
         }
+        times = measured.get((first["target"], record["drafter"], dataset))
+        if times is not None and _two_model(first) and min(times) > 0:
+            record["t_draft_measured_s"], record["t_target_measured_s"] = times
+            record["predicted_tokens_per_s_measured"] = 1.0 / time_per_token(*times, r_discard, r_verify)
         fit = _pooled_fit(regression, dataset, first["target"], record["drafter"])
         # Equation 2.1 describes two models that each cost time per pass: a fit with a time <= 0 (a
         # statistical drafter costs nothing, and noise pushes its time below zero) predicts nothing
@@ -230,11 +258,12 @@ def rates_table(rows: list[dict], regression: pd.DataFrame | None = None) -> pd.
                 t_draft * _passes(r, first["drafter"]) + t_target * _passes(r, first["target"]) for r in group
             )
             record["predicted_tokens_per_s_counts"] = tokens / seconds if seconds else math.nan
-        record["relative_error"] = (
-            record["predicted_tokens_per_s"] / record["tokens_per_s"] - 1.0
-            if record["tokens_per_s"] and not math.isnan(record["tokens_per_s"])
-            else math.nan
-        )
+        for suffix in ("", "_measured"):
+            record[f"relative_error{suffix}"] = (
+                record[f"predicted_tokens_per_s{suffix}"] / record["tokens_per_s"] - 1.0
+                if record["tokens_per_s"] and not math.isnan(record["tokens_per_s"])
+                else math.nan
+            )
         out.append(record)
     return pd.DataFrame(out)
 
