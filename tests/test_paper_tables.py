@@ -253,6 +253,7 @@ def test_table3_and_the_k00_ablation_take_the_fastest_cell(tmp_path: Path):
     k00 = {r["K00"]: r for r in views[1].rows}
     assert (k00["1"]["tok/s ours"], k00["2"]["tok/s ours"], k00["3"]["tok/s ours"]) == ("50.00", "52.00", "—")
     assert k00["1"]["tok/s paper"] == "56.16"
+    assert (k00["1"]["×AR ours"], k00["2"]["×AR ours"], k00["3"]["×AR ours"]) == ("1.67", "1.73", "—")
     # the ablation without the horizontal cascade takes the mag_tail 0 cell, which K00 = 1 does not
     assert k00["1, no horizontal cascade"]["tok/s ours"] == "51.00"
     assert k00["1, no horizontal cascade"]["tok/s paper"] == "53.55"
