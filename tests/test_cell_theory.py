@@ -230,7 +230,8 @@ def test_the_cascades_view_prices_the_theory_at_the_measured_passes_and_explains
              "params": '{"rule": "sd"}', "reviewed_drafts": 100, "rejection_rate": 0.5,
              "rejection_rate_lemma5": float("nan"), "swi_ms": 1.31, "swi_ms_theory": 1.3,
              "theory_tokens_per_step": 2.0, "theory_passes": '{"small": 5.0}',
-             "pass_ms": '{"large": 80.0, "small": 2.0}', "speedup_vs_ar": 0.85},
+             "pass_ms": '{"large": 80.0, "small": 2.0}', "speedup_vs_ar": 0.85,
+             "speedup_vs_ar_low": 0.8, "speedup_vs_ar_high": 0.9},
         ]
     )  # fmt: skip
     sd = cells.iloc[1].to_dict()
@@ -239,7 +240,7 @@ def test_the_cascades_view_prices_the_theory_at_the_measured_passes_and_explains
     assert walltime_theory(sd, cells[cells["method"] != "autoregressive"]) != walltime_theory(sd, cells)
     view = lemma5([Run("r", Path("."), cells)])
     (row,) = view.rows
-    assert (row["wall× ours"], row["wall× theory"]) == ("0.85×", "0.89×")
+    assert (row["wall× ours"], row["wall× theory"]) == ("0.85 [0.80, 0.90]", "0.89")
     (explained,) = [note for note in view.notes if note.startswith("r gsm")]
     assert "SWI 1.30 (ours 1.31)" in explained and "80.0 ms against 40.0 ms" in explained
     assert "predicts no gain either" in explained

@@ -16,7 +16,7 @@ from importlib import resources
 import yaml
 
 from specbench.errors import SpecbenchError
-from specbench.papers.base import MISSING, Run, View, num
+from specbench.papers.base import MISSING, Run, View, num, num_interval
 from specbench.papers.spec_cascades.curves import check_points, curve_points, table2_metrics
 from specbench.pipeline.results import read_examples
 
@@ -127,8 +127,8 @@ def lemma5(runs: list[Run]) -> View:
                     "ours - Lemma 5, examples resampled": gaps.get((cell["dataset"], cell["cell"]), MISSING),
                     "SWI MS ours": num(cell.get("swi_ms")),
                     "SWI MS theory": num(cell.get("swi_ms_theory")),
-                    "wall× ours": num(wall, unit="×"),
-                    "wall× theory": num(predicted, unit="×"),
+                    "wall× ours": num_interval(cell, "speedup_vs_ar"),
+                    "wall× theory": num(predicted),
                 }
             )
             theory = float(cell.get("swi_ms_theory", math.nan))
@@ -171,7 +171,8 @@ def lemma5(runs: list[Run]) -> View:
         "SWI MS theory: E[tokens per step] / (1 + passes c) from the cell's acceptance by draft position "
         "(Leviathan et al. 2023, Theorem 3.8), the drafter's passes including the one at the bonus "
         "position that π needs.",
-        "wall× ours: walltime speedup over the large model's AR cell; wall× theory: the same expected "
+        "wall× ours: walltime speedup over the large model's AR cell, with its paired 95% bootstrap "
+        "interval over the examples; wall× theory: the same expected "
         "tokens per step priced at the passes' measured times, the large model's one-token pass over "
         "(this cell's target pass + the drafter passes a step needs x the drafter's pass): where the two "
         "agree, the walltime is what the acceptance and this machine's pass costs make it.",
