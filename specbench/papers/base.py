@@ -231,6 +231,14 @@ def num(value, digits: int = 2, unit: str = "") -> str:
     return MISSING if math.isnan(value) else f"{value:.{digits}f}{unit}"
 
 
+def pass_ms(cell: dict | None, model: str) -> float:
+    """A model's mean pass time in milliseconds in a cells.csv row (its ``pass_ms`` JSON); NaN where
+    the row has none."""
+    if cell is None or not isinstance(cell.get("pass_ms"), str):
+        return math.nan
+    return float(json.loads(cell["pass_ms"]).get(model, math.nan))
+
+
 def num_interval(record: dict | None, column: str) -> str:
     """``0.65 [0.60, 0.70]``: a cell's value and its bootstrap interval (``cells.csv``'s
     ``<column>_low`` and ``_high``); the value alone where the interval is missing."""

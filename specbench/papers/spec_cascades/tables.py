@@ -16,7 +16,7 @@ from importlib import resources
 import yaml
 
 from specbench.errors import SpecbenchError
-from specbench.papers.base import MISSING, Run, View, num, num_interval
+from specbench.papers.base import MISSING, Run, View, num, num_interval, pass_ms
 from specbench.papers.spec_cascades.curves import check_points, curve_points, table2_metrics
 from specbench.pipeline.results import read_examples
 
@@ -134,7 +134,7 @@ def lemma5(runs: list[Run]) -> View:
             theory = float(cell.get("swi_ms_theory", math.nan))
             plain = json.loads(cell.get("params") or "{}").get("rule") == "sd"
             if plain and theory >= 1 > wall:
-                verify, one = _pass_ms(cell, cell["target"]), _pass_ms(_ar_cell(cell, cells), cell["target"])
+                verify, one = pass_ms(cell, cell["target"]), pass_ms(_ar_cell(cell, cells), cell["target"])
                 explained.append(
                     f"{run.name} {cell['dataset']}: the theory gives plain speculative decoding SWI "
                     f"{num(theory)} (ours {num(cell.get('swi_ms'))}) at the model-size costs, a gain, yet "
@@ -194,8 +194,8 @@ def walltime_theory(cell: dict, cells) -> float:
     try:
         ar = _ar_cell(cell, cells)
         passes = json.loads(cell["theory_passes"])
-        step = _pass_ms(cell, cell["target"]) + sum(n * _pass_ms(cell, m) for m, n in passes.items())
-        return float(cell["theory_tokens_per_step"]) * _pass_ms(ar, cell["target"]) / step
+        step = pass_ms(cell, cell["target"]) + sum(n * pass_ms(cell, m) for m, n in passes.items())
+        return float(cell["theory_tokens_per_step"]) * pass_ms(ar, cell["target"]) / step
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return math.nan
 
@@ -210,13 +210,6 @@ def _ar_cell(cell: dict, cells) -> dict | None:
         & (cells["dataset"] == cell["dataset"])
     ]
     return same.iloc[0].to_dict() if len(same) else None
-
-
-def _pass_ms(cell: dict | None, model: str) -> float:
-    """A model's mean pass time in a cell (its ``pass_ms`` JSON); NaN where the cell has none."""
-    if cell is None or not isinstance(cell.get("pass_ms"), str):
-        return math.nan
-    return float(json.loads(cell["pass_ms"]).get(model, math.nan))
 
 
 def _lemma5_gaps(run: Run) -> dict[tuple[str, str], str]:

@@ -19,7 +19,7 @@ import pandas as pd
 import yaml
 
 from specbench.errors import SpecbenchError
-from specbench.papers.base import MISSING, Run, View, best, num, num_interval
+from specbench.papers.base import MISSING, Run, View, best, num, num_interval, pass_ms
 from specbench.papers.specdecpp.efficiency import rates_table, regression_table
 from specbench.pipeline.results import read_examples
 
@@ -144,11 +144,7 @@ def _reversal(run: str, dataset: str, cells: pd.DataFrame) -> list[str]:
     if not (ar and top) or not float(top["tokens_per_s"]) < float(ar["tokens_per_s"]):
         return []
     predicted = float(top.get("predicted_tokens_per_s_measured", math.nan))
-    one = (
-        json.loads(ar["pass_ms"]).get(ar["target"], math.nan)
-        if isinstance(ar.get("pass_ms"), str)
-        else math.nan
-    )
+    one = pass_ms(ar, ar["target"])
     verify = 1000 * float(top.get("t_target_measured_s", math.nan))
     if math.isnan(predicted):
         return []
