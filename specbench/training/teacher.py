@@ -58,6 +58,11 @@ class TeacherConfig:
         fields = self.record() | {"data_dir": None, "data": data, "version": 2}
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
+    def features_at(self) -> Path:
+        """Where the target's hidden states on this data are cached, less the ``-train-<n>.pt`` /
+        ``-held-<n>.pt`` ending that :func:`specbench.training.eagle.train_head` adds."""
+        return cache.cache_dir() / "distill" / _slug(self.target) / f"features-{self.key()}"
+
 
 # -- teacher data ------------------------------------------------------------------------------
 

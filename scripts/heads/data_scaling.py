@@ -12,7 +12,7 @@ its training text than on held-out text, and gains held-out agreement with every
 data, is short of data, not of capacity. Needs the head's teacher data and target features in the
 specbench cache (the run of ``specbench distill`` that trained it leaves them there).
 
-    python results/heads/data_scaling.py HEAD_FOLDER OUT.json [--fractions 0.25 0.5] [--matched-steps]
+    python -m scripts.heads.data_scaling HEAD_FOLDER OUT.json [--fractions 0.25 0.5] [--matched-steps]
 
 With ``--matched-steps`` each fraction trains for as many steps as the full head (its epochs divided by
 the fraction), which separates the data's effect from the number of optimisation steps.
@@ -34,12 +34,11 @@ from safetensors.torch import load_file
 
 from specbench import sources
 from specbench.drafters.eagle import EagleHead
-from specbench.models import cache
 from specbench.models.machine import this_machine
 from specbench.training import distill
 from specbench.training.eagle import accuracy, cached_features, train_head
 from specbench.training.medusa import up_to_max_sequence
-from specbench.training.teacher import _slug, draft_vocabulary, teacher_data
+from specbench.training.teacher import draft_vocabulary, teacher_data
 
 HELD_OUT_FRACTION = 0.04  # as specbench.training.distill.distill splits
 SPLIT_SEED = 1234
@@ -114,7 +113,7 @@ def main() -> None:
         held = [data[i] for i in split[:n_held]]
         train = [data[i] for i in split[n_held:]]
         train, held, _ = up_to_max_sequence(train, held, config)
-        features_at = cache.cache_dir() / "distill" / _slug(teacher.target) / f"features-{teacher.key()}"
+        features_at = teacher.features_at()
         f_train = cached_features(target, train, Path(f"{features_at}-train-{len(train)}.pt"), progress)
         f_held = cached_features(target, held, Path(f"{features_at}-held-{len(held)}.pt"), progress)
 

@@ -1,7 +1,7 @@
 """The papers' theory beside every committed speculative-decoding, speculative-cascade and CS Drafting
 cell (MS costs).
 
-    python results/theory/cell_theory.py   # writes results/theory/cell_theory.md
+    python -m scripts.theory.cell_theory   # writes results/theory/cell_theory.md
 
 theory: E[tokens per target step] / E[cost per step] from the cell's measured acceptance by draft
 position (specbench.pipeline.theory: Leviathan et al. 2023, Theorem 3.8; Chen et al. 2024, Corollary 4.2
@@ -71,5 +71,5 @@ def main() -> str:
 
 if __name__ == "__main__":
     text = main()
-    (Path(__file__).resolve().parent / "cell_theory.md").write_text(text + "\n")
+    (ROOT / "results" / "theory" / "cell_theory.md").write_text(text + "\n")
     print(text)

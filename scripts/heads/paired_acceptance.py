@@ -5,7 +5,7 @@ resampled together, B = 2000, seed 0). A cell of the first head (its recipe name
 ``eagle-tree``) is paired with the cell whose name has SECOND in place of FIRST
 (``eagle-unroll3-tree``).
 
-    python results/heads/paired_acceptance.py RUN FIRST SECOND
+    python -m scripts.heads.paired_acceptance RUN FIRST SECOND
 """
 
 import json
@@ -43,7 +43,7 @@ def main() -> None:
         sys.exit(__doc__)
     run, first, second = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     rows = [json.loads(line) for line in (run / "examples.jsonl").open()]
-    print(f"# python {' '.join(sys.argv)}")
+    print(f"# python -m scripts.heads.paired_acceptance {' '.join(sys.argv[1:])}")
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     for dataset in datasets:
         if len(datasets) > 1:

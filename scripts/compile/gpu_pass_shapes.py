@@ -9,24 +9,21 @@ pass (results/heads/smollm2_eagle_gpu_graphs/nvidia-h100-80gb/step_parts.txt) al
 is negligible: this says whether the difference is the GPU's (kernels, the mask's width) or the host's
 (graph replay, input copies). A random-weight Llama of SmolLM2-135M-Instruct's shape: no weights travel.
 
-    python results/compile/gpu_pass_shapes.py [ATTN] > results/compile/gpu_pass_shapes_<gpu>_<ATTN>.txt
-    python results/compile/gpu_pass_shapes.py eager --tiny    # the plumbing, on a CPU
+    python -m scripts.compile.gpu_pass_shapes [ATTN] > results/compile/gpu_pass_shapes_<gpu>_<ATTN>.txt
+    python -m scripts.compile.gpu_pass_shapes eager --tiny    # the plumbing, on a CPU
 """
 
 import argparse
-import sys
 import time
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "heads"))
-from gpu_head_graphs import SMOLLM2, TINY  # noqa: E402
-
-from specbench.models.base import LAST  # noqa: E402
-from specbench.models.compiled import CompiledHFModel  # noqa: E402
-from specbench.models.machine import this_machine  # noqa: E402
-from specbench.models.tree import TokenTree  # noqa: E402
+from scripts.smollm2_shape import SMOLLM2, TINY
+from specbench.models.base import LAST
+from specbench.models.compiled import CompiledHFModel
+from specbench.models.machine import this_machine
+from specbench.models.tree import TokenTree
 
 PROMPT = 160
 

@@ -5,7 +5,7 @@ with the weight prepacked for m rows (MKL's packed sgemm for float32, oneDNN's r
 bfloat16: what inductor's freezing would use). A tree or a k-token draft is worth its acceptance only
 if a pass over its tokens costs little more than a pass over one; this measures how much more.
 
-    python results/bench/cpu_linear_by_tokens.py > results/bench/cpu_linear_by_tokens_<machine>.txt
+    python -m scripts.bench.cpu_linear_by_tokens > results/bench/cpu_linear_by_tokens_<machine>.txt
 
 Prints, per dtype, implementation and m, the milliseconds of one pass's linear layers (median of
 repeats, the model's 211 matmuls run back to back on the model's own shapes) and the ratio to m = 1;

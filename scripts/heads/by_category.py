@@ -2,7 +2,7 @@
 run's cells by headline category, beside the speedup over AR: what ``specbench report RUN --by
 category`` computes (specbench.pipeline.categories), whose leaderboard shows #MAT overall only.
 
-    python results/heads/by_category.py RUN > RUN/by_category.txt
+    python -m scripts.heads.by_category RUN > RUN/by_category.txt
 """
 
 import sys
@@ -16,7 +16,7 @@ def main() -> None:
     run = Path(sys.argv[1])
     frame = category_speedups(read_examples(run))
     categories = [c for c in dict.fromkeys(frame["category"]) if c != OVERALL] + [OVERALL]
-    print(f"# python results/heads/by_category.py {run}: #MAT, speedup over AR (questions)")
+    print(f"# python -m scripts.heads.by_category {run}: #MAT, speedup over AR (questions)")
     print(f"{'cell':16}" + "".join(f"{c:>24}" for c in categories))
     for cell, rows in frame.groupby("cell", sort=False):
         by = rows.set_index("category")

@@ -3,7 +3,7 @@ pass, the drafter's passes and what is left outside any pass (the loop's Python,
 each in milliseconds per step, and the speedup over the run's AR cell that the target pass alone would
 allow (free drafting, no loop: AR's time per token over the target pass per committed token).
 
-    python results/heads/step_parts.py RUN > RUN/step_parts.txt
+    python -m scripts.heads.step_parts RUN > RUN/step_parts.txt
 
 A step is a target pass after the prompt's prefill (one per example), so steps = target passes - n.
 """
@@ -23,7 +23,7 @@ def main() -> None:
     machine = recorded_machine(json.loads((run / "environment.json").read_text())).describe()
     ar = cells[cells.method == "autoregressive"].iloc[0]
     ar_ms_per_token = 1000 * ar.walltime_s / ar.generated_tokens
-    print(f"# python results/heads/step_parts.py {run}; measured on {machine}")
+    print(f"# python -m scripts.heads.step_parts {run}; measured on {machine}")
     print(f"# AR ({ar.cell}): {ar_ms_per_token:.2f} ms a token")
     print(
         f"{'cell':40} {'tok/s':>7} {'vs AR':>6} {'tokens/pass':>11} {'ms/step':>8} {'target ms':>9} "

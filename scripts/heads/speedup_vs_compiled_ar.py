@@ -4,8 +4,8 @@ speedups compare each cell with the AR cell of its target. Another baseline, e.g
 cell, puts the tree head to head with it.
 
     RUN=results/heads/smollm2_eagle_onednn/<machine>
-    python results/heads/speedup_vs_compiled_ar.py $RUN > $RUN/vs_compiled_ar.txt
-    python results/heads/speedup_vs_compiled_ar.py $RUN sd-lookup   # every cell against prompt lookup
+    python -m scripts.heads.speedup_vs_compiled_ar $RUN > $RUN/vs_compiled_ar.txt
+    python -m scripts.heads.speedup_vs_compiled_ar $RUN sd-lookup   # every cell against prompt lookup
 
 The speedup is the cell's tokens/s over the baseline's, each summed over the examples; for a lossless
 cell, whose examples yield the baseline's tokens, that is the baseline's walltime over the cell's. In

@@ -4,10 +4,9 @@ results/heads/smollm2_eagle_gpu spends about 40% of its walltime outside model p
 device with a random Llama as deep as SmolLM2-135M (30 layers; narrow, since the count does not depend on
 the width) and a random EAGLE head, greedy, the GPU run's trees.
 
-    python results/heads/loop_ops.py
+    python -m scripts.heads.loop_ops
 """
 
-import sys
 from collections import Counter
 
 import torch
@@ -79,7 +78,7 @@ def main() -> None:
     head = eagle.EagleDrafter("eagle", head_module, embeddings, draft_head(lm_head, None), "t")
     heads = medusa.MedusaHeads(weights.config.hidden_size, 4)
     medusa_drafter = MedusaTreeDrafter(medusa.MedusaDrafter("medusa", heads, draft_head(lm_head, None), "t"))
-    print(f"torch {torch.__version__}, {sys.argv[0]}")
+    print(f"torch {torch.__version__}, python -m scripts.heads.loop_ops")
     count("eagle tree, 24 nodes", weights, head, dict(depth=6, branch=4, frontier=4, nodes=24))
     count("eagle tree, 48 nodes", weights, head, dict(depth=6, branch=4, frontier=4, nodes=48))
     count("eagle chain, depth 5", weights, head, dict(depth=5, branch=1, frontier=1, nodes=5))

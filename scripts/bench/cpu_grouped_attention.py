@@ -5,7 +5,7 @@ as asked (default onednn): passes of 1 to 17 rows (a tree or chain verification)
 and 600 positions, with transformers' path (each KV head copied 3 times, ``repeat_kv``) and ours
 (``enable_gqa``), interleaved pass by pass, and the two passes' logits compared bit for bit.
 
-    python results/bench/cpu_grouped_attention.py [aten|onednn] > results/bench/cpu_grouped_attention_<m>.txt
+    python -m scripts.bench.cpu_grouped_attention [aten|onednn] > results/bench/cpu_grouped_attention_<m>.txt
 """
 
 from __future__ import annotations

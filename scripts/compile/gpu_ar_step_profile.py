@@ -3,36 +3,37 @@ Llama of SmolLM2-135M-Instruct's shape (CUDA graphs, ``mode="reduce-overhead"``)
 (cProfile: the pass is host-bound when a 30-layer 135M model takes milliseconds a token on an H100)
 and on the device (torch.profiler: the GPU's own time per step).
 
-    python results/compile/gpu_ar_step_profile.py ATTN > results/compile/gpu_ar_step_profile_<gpu>_<ATTN>.txt
+    python -m scripts.compile.gpu_ar_step_profile ATTN > results/compile/gpu_ar_step_profile_<gpu>_<ATTN>.txt
 
 ATTN is the model's attention implementation (transformers' ``attn_implementation``): ``sdpa``
 (the default) or ``eager`` (matmul, softmax, matmul, which inductor compiles into its own kernels).
 """
 
+import argparse
 import cProfile
 import io
 import pstats
-import sys
 import time
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "heads"))
-from gpu_head_graphs import SMOLLM2  # noqa: E402
-
-from specbench.decoding import autoregressive  # noqa: E402
-from specbench.models.compiled import CompiledHFModel  # noqa: E402
-from specbench.models.machine import this_machine  # noqa: E402
+from scripts.smollm2_shape import SMOLLM2
+from specbench.decoding import autoregressive
+from specbench.models.compiled import CompiledHFModel
+from specbench.models.machine import this_machine
 
 TOKENS = 96 if torch.cuda.is_available() else 8
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("attention", nargs="?", default="sdpa", help="attn_implementation (sdpa, eager)")
+    args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # cpu: the plumbing
     torch.manual_seed(0)
     config = LlamaConfig(**SMOLLM2)
-    config._attn_implementation = sys.argv[1] if len(sys.argv) > 1 else "sdpa"
+    config._attn_implementation = args.attention
     weights = LlamaForCausalLM(config).to(device).eval()
     prompt = torch.randint(0, config.vocab_size, (160,), generator=torch.Generator().manual_seed(2))
     target = CompiledHFModel(weights, "t")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The cost profiles of results/prediction/LABEL/, probed on this machine one after another (nothing
-# else running). Usage: bash results/prediction/probe.sh LABEL
+# else running). Usage: bash scripts/prediction/probe.sh LABEL
 set -euo pipefail
 label=${1:?name the machine, e.g. amd-epyc-family26-avx512-bf16}
 out=results/prediction/$label

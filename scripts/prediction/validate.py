@@ -1,8 +1,8 @@
 """The validation tables of results/prediction/README.md, from committed runs and profiles only.
 
-    python results/prediction/validate.py held-out   # every committed run, on the machine that measured it
-    python results/prediction/validate.py carried    # runs predicted with another configuration's profile
-    python results/prediction/validate.py failures   # why it fails where it does
+    python -m scripts.prediction.validate held-out   # every committed run, on the machine that measured it
+    python -m scripts.prediction.validate carried    # runs predicted with another configuration's profile
+    python -m scripts.prediction.validate failures   # why it fails where it does
 
 Each prints a markdown table; the README quotes them (results/prediction/held_out.md, carried.md).
 """
@@ -22,7 +22,7 @@ from specbench.pipeline.prediction_view import model_setups
 from specbench.pipeline.results import read_examples
 
 ROOT = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
+RESULTS = ROOT / "results" / "prediction"
 LABEL = "amd-epyc-family26-avx512-bf16"  # this directory's machine: AMD EPYC family 26 model 2
 
 
@@ -202,9 +202,9 @@ def carried() -> str:
     summary = []
     for what, source, profile_file, there in CARRIED:
         profile_file, _, roofline = profile_file.partition("#")
-        profile = probe.read_profile(str(HERE / profile_file))
-        table = prediction.predict_run(HERE / source, profile, roofline=bool(roofline))
-        own = prediction.predict_run(HERE / there, profile, roofline=bool(roofline))
+        profile = probe.read_profile(str(RESULTS / profile_file))
+        table = prediction.predict_run(RESULTS / source, profile, roofline=bool(roofline))
+        own = prediction.predict_run(RESULTS / there, profile, roofline=bool(roofline))
         table, own = table.set_index(["dataset", "cell"]), own.set_index(["dataset", "cell"])
         errors, model_errors, ar_errors = [], [], []
         for (dataset, cell), row in table.iterrows():
@@ -238,8 +238,12 @@ def carried() -> str:
     return "\n".join(head + summary) + "\n\n" + "\n".join(lines)
 
 
-if __name__ == "__main__":
+def main() -> None:
     which = sys.argv[1] if len(sys.argv) > 1 else "held-out"
     text = {"held-out": held_out, "carried": carried, "failures": failures}[which]()
-    (HERE / f"{which.replace('-', '_')}.md").write_text(text + "\n")
+    (RESULTS / f"{which.replace('-', '_')}.md").write_text(text + "\n")
     print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,7 @@
 """The first GPU check of the roofline pass cost: the committed H100 bench runs (results/bench/h100_*),
 predicted from their pass counts with the H100's public figures, beside what they measured.
 
-    python results/prediction/h100_roofline.py   # writes results/prediction/h100_roofline.md
+    python -m scripts.prediction.h100_roofline   # writes results/prediction/h100_roofline.md
 
 The bench files hold per-request means, not rows: target passes per request and tokens/s per method,
 8 prompts x 128 new tokens, k = 4. Drafter passes are not printed; a model drafter runs k one-token
@@ -82,5 +82,5 @@ def main() -> str:
 
 if __name__ == "__main__":
     text = main()
-    (Path(__file__).resolve().parent / "h100_roofline.md").write_text(text + "\n")
+    (ROOT / "results" / "prediction" / "h100_roofline.md").write_text(text + "\n")
     print(text)

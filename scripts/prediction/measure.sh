@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The runs results/prediction/ validates predictions on, measured on this machine one after another
 # (nothing else running): demo in bfloat16 eager (dtype auto on a CPU with bfloat16 units), float32
-# eager and bfloat16 compiled, and the fuller quickstart. Usage: bash results/prediction/measure.sh LABEL
+# eager and bfloat16 compiled, and the fuller quickstart. Usage: bash scripts/prediction/measure.sh LABEL
 set -euo pipefail
 label=${1:?name the machine, e.g. amd-epyc-family26-avx512-bf16}
 out=results/prediction/$label

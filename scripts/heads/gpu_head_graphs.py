@@ -8,9 +8,9 @@ GPU), so nearly nothing is accepted: this measures the cost of each part of a st
 output is checked against AR's, token for token. Cells run interleaved, prompt by prompt, after one
 untimed prompt each (compiling and capturing).
 
-    python results/heads/gpu_head_graphs.py > results/heads/gpu_head_graphs_<device>.txt
-    python results/heads/gpu_head_graphs.py --tiny      # the plumbing, on a CPU, in seconds
-    python results/heads/gpu_head_graphs.py --attention eager --only "nodes=24] head graphs" --profile
+    python -m scripts.heads.gpu_head_graphs > results/heads/gpu_head_graphs_<device>.txt
+    python -m scripts.heads.gpu_head_graphs --tiny      # the plumbing, on a CPU, in seconds
+    python -m scripts.heads.gpu_head_graphs --attention eager --only "nodes=24] head graphs" --profile
 
 ``--profile`` then runs one more prompt of the first cell under cProfile and prints the host functions
 that took the most time (on a GPU a step that waits for the device shows it as time in the call that
@@ -31,31 +31,13 @@ import warnings
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from scripts.smollm2_shape import SMOLLM2, TINY
 from specbench.decoding import autoregressive, tree_speculative
 from specbench.drafters import eagle
 from specbench.drafters.heads import draft_head
 from specbench.models.compiled import CompiledHFModel
 from specbench.models.machine import this_machine
 
-SMOLLM2 = {  # HuggingFaceTB/SmolLM2-135M-Instruct's config.json
-    "hidden_size": 576,
-    "intermediate_size": 1536,
-    "num_hidden_layers": 30,
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-    "vocab_size": 49152,
-    "max_position_embeddings": 8192,
-    "rope_theta": 100000.0,
-    "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": True,
-}
-TINY = SMOLLM2 | {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-}
-TINY |= {"num_key_value_heads": 2, "vocab_size": 512}
 DRAFT_VOCAB = 8192  # the trained heads' draft vocabulary (FR-Spec), the most frequent tokens
 CHAIN = {"depth": 5, "branch": 1, "frontier": 1, "nodes": 5}
 TREE = {"depth": 6, "branch": 4, "frontier": 4, "nodes": 24}

@@ -1,0 +1,1 @@
+"""Harnesses of results/bench/: CPU kernels and passes timed outside a recipe."""

@@ -1,0 +1,1 @@
+"""Harnesses of results/compile/: the compiled engine's compilation and pass cost."""

@@ -1,0 +1,1 @@
+"""Harnesses of results/cs_drafting/: views the report does not print."""

@@ -1,0 +1,1 @@
+"""Harnesses of results/prediction/: the runs and probes it validates on, and its tables."""

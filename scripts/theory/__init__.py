@@ -1,0 +1,1 @@
+"""Harnesses of results/theory/: the papers' theory beside every committed cell."""
