@@ -15,11 +15,11 @@ from here.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from specbench.registry import Registry
 
 if TYPE_CHECKING:
     import torch
@@ -48,6 +48,11 @@ DRAFT_LENGTH = ParamSpec(int, 4, "draft length, the tokens proposed per target v
 # (specbench.recipe.MethodSpec) and the generation settings (GenerationSpec): None, or
 # (param, problem, fix). Typed loosely so that this interface never imports the recipe schema.
 Check = Callable[[dict, Any, Any], "tuple[str, str, str] | None"]
+
+# The method's own rule for the models its entry names, in place of the drafter: rules of
+# specbench.decoding.roles (e.g. a cascade's drafters: list), called with the method's recipe entry
+# and the recipe's models: None, or (field, problem, fix). Typed loosely, as Check.
+RolesCheck = Callable[[Any, Any], "tuple[str, str, str] | None"]
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,7 @@ class Method:
     # hold an autoregressive method on the same target, and the runner passes its output ids
     needs_reference: bool = False
     check: Check | None = None
+    check_roles: RolesCheck | None = None
     # the kind of heads on the target's hidden states the drafter must be (a source with heads=True of
     # that kind: "medusa", "eagle"); None: the method takes no heads
     takes_heads: str | None = None
@@ -134,41 +140,4 @@ def given_params(spec) -> set[str]:
     }
 
 
-class MethodRegistry(MutableMapping):
-    """Method name -> :class:`Method`, filled on first use from every ``specbench.decoding`` module's
-    ``METHODS``. Mutable so that tests can register a method for their own duration."""
-
-    def __init__(self, package: str = "specbench.decoding"):
-        self._package = package
-        self._methods: dict[str, Method] | None = None
-
-    def _loaded(self) -> dict[str, Method]:
-        if self._methods is None:
-            package = importlib.import_module(self._package)
-            methods: dict[str, Method] = {}
-            for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda info: info.name):
-                module = importlib.import_module(f"{self._package}.{info.name}")
-                for method in getattr(module, "METHODS", ()):
-                    if method.name in methods:
-                        raise RuntimeError(f"method {method.name!r} is declared twice ({module.__name__})")
-                    methods[method.name] = method
-            self._methods = methods
-        return self._methods
-
-    def __getitem__(self, name: str) -> Method:
-        return self._loaded()[name]
-
-    def __setitem__(self, name: str, method: Method) -> None:
-        self._loaded()[name] = method
-
-    def __delitem__(self, name: str) -> None:
-        del self._loaded()[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._loaded())
-
-    def __len__(self) -> int:
-        return len(self._loaded())
-
-
-METHODS = MethodRegistry()
+METHODS: Registry[Method] = Registry("method", "specbench.decoding", "METHODS")

@@ -9,8 +9,9 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "specbench"
 # The interfaces at the top; everything else lives in a package named after its role.
-INTERFACES = {"__init__", "cli", "errors", "methods", "recipe"}
+INTERFACES = {"__init__", "errors", "methods", "registry"}
 PACKAGES = {
+    "cli",
     "data",
     "decoding",
     "drafters",
@@ -18,6 +19,7 @@ PACKAGES = {
     "models",
     "papers",
     "pipeline",
+    "recipe",
     "sources",
     "tasks",
     "training",
@@ -29,7 +31,7 @@ PACKAGES = {
 # (vLLM) and account for it in the methods' terms; training makes drafters and heads from sources
 # and tasks; pipeline runs recipes; papers render the papers' tables; cli is the user's entry.
 LAYERS = (
-    {"specbench", "errors"},
+    {"specbench", "errors", "registry"},
     {"models"},
     {"drafters", "tasks"},
     {"sources"},

@@ -295,3 +295,46 @@ def test_importing_specbench_never_imports_ray():
         "sys.exit('ray' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+def test_the_command_line_starts_without_torch_or_the_papers_views():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, specbench.cli; "
+        "sys.exit(any(m in sys.modules for m in ('torch', 'pandas', 'specbench.papers.registry')))"
+    )
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+def test_a_paper_command_registers_itself_and_joins_the_theory_help():
+    import typer
+
+    from specbench.cli import papers
+    from specbench.papers.commands import COMMANDS, THEORY, Command
+
+    def bound(x: int = typer.Option(1)):
+        """A toy bound."""
+        print(f"bound {x}")
+
+    app = typer.Typer()
+    with COMMANDS.registered(Command(THEORY, "bound", bound, "a toy bound (Section 9, bound)")):
+        papers.add_theory(app)
+    result = runner.invoke(app, ["theory", "bound", "--x", "3"])
+    assert result.exit_code == 0 and "bound 3" in result.output
+    assert "a toy bound (Section 9, bound)." in _words(runner.invoke(app, ["theory", "--help"]).output)
+
+
+def test_paper_and_figure_help_list_their_registries():
+    from specbench.papers.registry import FIGURES, PAPERS
+
+    paper_help = _words(runner.invoke(app, ["report", "--help"]).output)
+    figure_help = _words(runner.invoke(app, ["plot", "--help"]).output)
+    assert all(f"{name} (" in paper_help for name in PAPERS)
+    assert all(f"{name}: " in figure_help for name in [*FIGURES, "all"])
+
+
+def _words(help_text: str) -> str:
+    """A help screen's text with its boxes and line breaks gone."""
+    return " ".join(help_text.replace("│", " ").split())

@@ -113,13 +113,11 @@ def read_rows(run: Path) -> list[dict]:
 # -- (a) an exact tie ---------------------------------------------------------------------------
 
 
-def test_an_exact_tie_is_classified_tie_and_leaves_the_counts(monkeypatch, tmp_path):
-    monkeypatch.setitem(
-        METHODS, "last_of_ties", Method("last_of_ties", "", last_of_ties, {}, lossless=always)
-    )
-    runner = Runner(designed_recipe(tmp_path), tmp_path / "out")
-    target = runner.models["target"] = DesignedTarget()  # loaded models are cached by name
-    runner.run()
+def test_an_exact_tie_is_classified_tie_and_leaves_the_counts(tmp_path):
+    with METHODS.registered(Method("last_of_ties", "", last_of_ties, {}, lossless=always)):
+        runner = Runner(designed_recipe(tmp_path), tmp_path / "out")
+        target = runner.models["target"] = DesignedTarget()  # loaded models are cached by name
+        runner.run()
     rows = read_rows(tmp_path / "out")
     ar = {r["example_id"]: r for r in rows if r["method"] == "autoregressive"}
     tied = [r for r in rows if r["method"] == "last_of_ties"]
@@ -227,7 +225,7 @@ def test_counter_kept_restores_every_field():
 # -- (b) a real mismatch ------------------------------------------------------------------------
 
 
-def test_a_broken_verification_is_a_mismatch(monkeypatch, tmp_path):
+def test_a_broken_verification_is_a_mismatch(tmp_path):
     """Speculative decoding that commits a wrong token at position 2: every checked row is a mismatch
     with a margin far above the float64 tolerance, and the report says so."""
     run = METHODS["speculative"].run
@@ -239,9 +237,9 @@ def test_a_broken_verification_is_a_mismatch(monkeypatch, tmp_path):
         tokens[flipped_at] = (tokens[flipped_at] + 1) % 256
         return dataclasses.replace(generation, tokens=tokens)
 
-    monkeypatch.setitem(METHODS, "speculative", dataclasses.replace(METHODS["speculative"], run=broken))
     out = tmp_path / "run"
-    result = CliRunner().invoke(app, ["run", str(TINY), "--output-dir", str(out), "--limit", "1"])
+    with METHODS.registered(dataclasses.replace(METHODS["speculative"], run=broken), replace=True):
+        result = CliRunner().invoke(app, ["run", str(TINY), "--output-dir", str(out), "--limit", "1"])
     assert result.exit_code == 0, result.output
     rows = read_rows(out)
     ar = next(r for r in rows if r["method"] == "autoregressive")

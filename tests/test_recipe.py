@@ -191,9 +191,8 @@ def test_tasks_are_checked_only_when_known_tasks_are_given(tmp_path):
     assert load(tmp_path, data).datasets[0].task == "squad"
 
 
-def test_a_registered_method_is_accepted(tmp_path, monkeypatch):
+def test_a_registered_method_is_accepted(tmp_path):
     params = {"depth": ParamSpec(int, 2, "levels", 1, 4)}
-    monkeypatch.setitem(METHODS, "cascade", Method("cascade", "", None, params, needs_drafter=True))
     method = {
         "name": "cs",
         "method": "cascade",
@@ -201,8 +200,9 @@ def test_a_registered_method_is_accepted(tmp_path, monkeypatch):
         "drafter": "draft",
         "grid": {"depth": [3]},
     }
-    recipe = load(tmp_path, changed(methods__3=method))
-    assert recipe.cells()[-1].id == "cs[depth=3]" and recipe.cells()[-1].params == {"depth": 3}
+    with METHODS.registered(Method("cascade", "", None, params, needs_drafter=True)):
+        recipe = load(tmp_path, changed(methods__3=method))
+        assert recipe.cells()[-1].id == "cs[depth=3]" and recipe.cells()[-1].params == {"depth": 3}
 
 
 # -- fingerprints ------------------------------------------------------------------------------
@@ -246,10 +246,10 @@ def test_fingerprint_changes_with_what_changes_a_cells_outputs(tmp_path):
     assert base["sd[k=1]"] != base["sd[k=4]"]
 
 
-def test_a_methods_revision_renews_only_its_own_cells_fingerprints(tmp_path, monkeypatch):
+def test_a_methods_revision_renews_only_its_own_cells_fingerprints(tmp_path):
     base = fingerprints(tmp_path, BASE)
-    monkeypatch.setitem(METHODS, "speculative", dataclasses.replace(METHODS["speculative"], revision=2))
-    revised = fingerprints(tmp_path, BASE)
+    with METHODS.registered(dataclasses.replace(METHODS["speculative"], revision=2), replace=True):
+        revised = fingerprints(tmp_path, BASE)
     assert revised["ar"] == base["ar"]
     assert all(revised[cell] != base[cell] for cell in base if cell != "ar")
 

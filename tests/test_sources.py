@@ -12,7 +12,7 @@ import torch
 
 from specbench import sources
 from specbench.errors import SpecbenchError
-from specbench.sources import SOURCES, SourceRegistry, option_problem, source_of
+from specbench.sources import SOURCES, option_problem, source_of
 
 RECOGNISED = {
     "prompt-lookup": "statistical",
@@ -20,6 +20,7 @@ RECOGNISED = {
     "tiny-llama": "tiny",
     "tiny-t5": "tiny",
     "smollm2-135m-instruct": "smollm2",
+    "qwen2.5-coder-1.5b-instruct": "qwen-coder",
     "distilled:smollm2-135m-instruct/small": "distilled",
     "early-exit": "early-exit",
     "medusa:smollm2-135m-instruct/medusa": "medusa",
@@ -32,7 +33,8 @@ RECOGNISED = {
 
 def test_every_kind_is_declared_once_and_recognised_in_order(tmp_path):
     assert list(SOURCES) == [
-        "statistical", "tiny", "smollm2", "distilled", "medusa", "eagle", "early-exit", "gguf", "local", "hub"
+        "statistical", "tiny", "smollm2", "qwen-coder", "distilled", "medusa", "eagle", "early-exit", "gguf",
+        "local", "hub",
     ]  # fmt: skip
     for source, kind in RECOGNISED.items():
         assert source_of(source).kind == kind, source
@@ -61,9 +63,9 @@ def test_a_new_module_with_a_source_is_found_without_touching_the_registry(tmp_p
         "SOURCE = Source('everything', 'rest', lambda s: True, load=None, facts=None, order=99)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    registry = SourceRegistry("more_sources")
+    registry = SOURCES.over("more_sources")
     assert list(registry) == ["medusa", "everything"]
-    assert registry.of("medusa:x").kind == "medusa" and registry.of("x").kind == "everything"
+    assert source_of("medusa:x", registry).kind == "medusa" and source_of("x", registry).kind == "everything"
 
 
 def test_a_kind_declared_twice_is_refused(tmp_path, monkeypatch):
@@ -75,7 +77,7 @@ def test_a_kind_declared_twice_is_refused(tmp_path, monkeypatch):
     (package / "b.py").write_text(line)
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(RuntimeError, match="declared twice"):
-        list(SourceRegistry("twice"))
+        list(SOURCES.over("twice"))
 
 
 @pytest.mark.parametrize("source", ["prompt-lookup", "tiny-llama", "smollm2-135m-instruct", "org/name"])

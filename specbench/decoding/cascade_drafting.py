@@ -32,8 +32,10 @@ max_length): the target's draft holds at most max_new_tokens - generated - 1 tok
 fit), so the output never exceeds max_new_tokens and no model scores a position past it.
 
 Lenience l >= 1 (Sec. 3.1, CS convention of ``acceptance``) loosens every review but the target's,
-which is strict (``mag_lenience=False`` also keeps M_dn's review of MaG's drafts strict, as the
-paper's experiments do, Appendix B; MaG tail tokens of upper levels share their level's lenience);
+which is strict. ``mag_lenience=False`` also keeps M_dn's review of MaG's drafts strict, as Appendix
+B's text says ("we also avoid lenience between MaG and its reviewer"); the authors' code applies
+lenience there too, as the default ``True`` does. MaG tail tokens of upper levels share their level's
+lenience (tests/test_cascade_drafting_rules.py pins both readings);
 greedy output is therefore the target's greedy output token for token. Each review
 returns, with its tokens, the exact distribution each token was drawn from, which the level above
 tests as its q (MaG's is one-hot): the reviewer's p at l = 1, and at l > 1 the lenient rule's output
@@ -77,6 +79,7 @@ import torch
 
 from specbench.decoding import tree_speculative
 from specbench.decoding.acceptance import greedy_accept, speculative_accept
+from specbench.decoding.cascade_roles import cascade_roles_problem
 from specbench.decoding.generation import Generation, Stopwatch, commit, eos_set, truncate_at_eos
 from specbench.methods import Method, ParamSpec, Request, always
 from specbench.models.base import Drafter, LanguageModel
@@ -473,6 +476,7 @@ METHODS = (
             ),
         },
         drafter_list=True,
+        check_roles=cascade_roles_problem,
         check=_check_K,
         # the lenience loosens only the drafters' reviews; the target's stays strict
         lossless=always,

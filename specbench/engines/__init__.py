@@ -15,13 +15,13 @@ lossless audit and the same report as specbench's own loops.
 
 from __future__ import annotations
 
-import importlib
 import pkgutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from specbench.methods import ParamSpec
+from specbench.registry import Registry
 
 # (field, problem, fix) or None
 Problem = tuple[str, str, str] | None
@@ -96,35 +96,11 @@ class EngineModel:
         return []
 
 
-class BackendRegistry(Mapping):
-    def __init__(self, package: str = __name__):
-        self._package = package
-        self._backends: dict[str, Backend] | None = None
-
-    def _loaded(self) -> dict[str, Backend]:
-        if self._backends is None:
-            package = importlib.import_module(self._package)
-            found: dict[str, Backend] = {}
-            for info in pkgutil.iter_modules(package.__path__):
-                if info.name.endswith("_worker"):  # run by the engine's own interpreter, not imported
-                    continue
-                backend = getattr(importlib.import_module(f"{self._package}.{info.name}"), "BACKEND", None)
-                if backend is not None:
-                    found[backend.name] = backend
-            self._backends = found
-        return self._backends
-
-    def __getitem__(self, name: str) -> Backend:
-        return self._loaded()[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._loaded())
-
-    def __len__(self) -> int:
-        return len(self._loaded())
+def _imported_here(module: pkgutil.ModuleInfo) -> bool:
+    return not module.name.endswith("_worker")  # run by the engine's own interpreter, not imported
 
 
-BACKENDS = BackendRegistry()
+BACKENDS: Registry[Backend] = Registry("engine", __name__, "BACKEND", modules=_imported_here)
 
 ENGINE_NAMES = ("vllm",)  # the recipe schema's literal; tests check it equals BACKENDS' keys
 

@@ -8,6 +8,7 @@ misspelt or impossible option is a one-line error instead of being dropped or fa
 
 from __future__ import annotations
 
+import json
 import re
 
 from specbench.errors import SpecbenchError
@@ -133,3 +134,16 @@ def parse_size(text, flag: str, per_second: bool = False) -> float:
         kind = "rate" if per_second else "size"
         raise SpecbenchError(flag, f"{text!r} is not a positive {kind}", f"write e.g. {example}")
     return float(match[1]) * _UNITS[match[2].lower()]
+
+
+def parse_loader_options(flag: str, text: str) -> dict:
+    """A command line's loader options (``--target-options '{"layers": 2}'``): a JSON object."""
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SpecbenchError(
+            flag, f"not valid JSON ({error.msg})", "write an object like '{\"layers\": 2}'"
+        ) from None
+    if not isinstance(parsed, dict):
+        raise SpecbenchError(flag, "must be a JSON object", "write an object like '{\"layers\": 2}'")
+    return parsed

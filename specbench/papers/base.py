@@ -104,6 +104,7 @@ class Paper:
     reference: Callable[[], dict]  # the paper's transcribed numbers (its reference.yaml)
     target: str  # the paper's target model, as captions name it
     target_names: tuple[str, ...]  # a run's target counts as the paper's if its name starts so
+    help: str  # what the view shows, as --paper's help lists it
 
     def is_target(self, sources: str) -> bool:
         """Whether every target of a run (comma-separated sources) is the paper's model."""

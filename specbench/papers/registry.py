@@ -1,22 +1,33 @@
-"""The ``--paper`` names of ``specbench report``: the paper folders' views, by name.
+"""The ``--paper`` names of ``specbench report`` and the ``--figure`` names of ``specbench plot``.
 
-Each paper folder lists its :class:`~specbench.papers.base.Paper` views in its ``PAPERS``; this
-module imports the folders and collects them, so :mod:`specbench.papers.base` never imports a paper.
+Each paper folder lists its :class:`~specbench.papers.base.Paper` views in its ``PAPERS`` and its
+figures in its ``FIGURES`` (the generic figures are :data:`specbench.pipeline.plots.FIGURES`); the
+registries here collect them, so :mod:`specbench.papers.base` never imports a paper.
 """
 
 from __future__ import annotations
 
+import pkgutil
 from pathlib import Path
 
 from rich.console import Console
 
 from specbench.errors import SpecbenchError
-from specbench.papers import cs_drafting, spec_cascades, specdecpp
 from specbench.papers.base import Paper, render
+from specbench.pipeline.plots import Figure
+from specbench.registry import Registry
 
-PAPERS: dict[str, Paper] = {
-    paper.name: paper for folder in (cs_drafting, spec_cascades, specdecpp) for paper in folder.PAPERS
-}
+
+def _paper_folder(module: pkgutil.ModuleInfo) -> bool:
+    return module.ispkg
+
+
+PAPERS: Registry[Paper] = Registry("paper view", "specbench.papers", "PAPERS", modules=_paper_folder)
+# the generic figures first, then the papers'; ``--figure all`` writes them in this order
+FIGURES: Registry[Figure] = Registry(
+    "figure", "specbench.papers", "FIGURES", modules=_paper_folder, also=("specbench.pipeline.plots",)
+)
+ALL_FIGURES = "all"
 
 
 def check_paper(paper: str) -> Paper:
@@ -29,3 +40,20 @@ def check_paper(paper: str) -> Paper:
 def render_paper(results: Path, paper: str, fmt: str = "table", console: Console | None = None) -> str | None:
     """Print (fmt ``table``) or return (``markdown``, ``csv``) a paper's table beside a run's cells."""
     return render(results, check_paper(paper), fmt, console)
+
+
+def chosen_figures(figure: str) -> list[Figure]:
+    """The figures ``--figure`` names: one, or every one for ``all``; a one-line error naming the
+    choices when there is none."""
+    if figure == ALL_FIGURES:
+        return list(FIGURES.values())
+    if figure not in FIGURES:
+        choices = ", ".join([*FIGURES, ALL_FIGURES])
+        raise SpecbenchError("--figure", f"unknown figure {figure!r}", f"use one of {choices}")
+    return [FIGURES[figure]]
+
+
+def figure_help() -> str:
+    """The ``--figure`` option's help: each figure's name and what it writes."""
+    lines = [f"{figure.name}: {figure.help}" for figure in FIGURES.values()]
+    return "; ".join([*lines, f"{ALL_FIGURES}: every one that applies."])

@@ -1,9 +1,15 @@
 """Figures from a run directory: acceptance rate by draft position (CS Drafting, Figure 2), marginal and
-conditional on the drafts before it accepted (statistics.acceptance_rates)."""
+conditional on the drafts before it accepted (statistics.acceptance_rates), and speculation under load.
+
+A figure that ``specbench plot --figure NAME`` writes is declared as a :class:`Figure` in a module-level
+``FIGURES``: here for the generic ones, in a paper folder's ``__init__`` for the paper's own;
+:data:`specbench.papers.registry.FIGURES` collects them."""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -11,6 +17,15 @@ import pandas as pd
 from specbench.errors import SpecbenchError
 from specbench.pipeline.results import read_examples, write_atomic
 from specbench.pipeline.statistics import acceptance_rates, position_counts
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str  # what --figure names
+    help: str
+    # write(run directory) -> the files written; a SpecbenchError when the run holds nothing to draw
+    write: Callable[[Path], list[Path]]
+
 
 ACCEPTANCE_CSV = "acceptance_by_position.csv"
 ACCEPTANCE_PNG = "acceptance_by_position.png"
@@ -134,3 +149,17 @@ def write_load_plot(run_dir: Path) -> list[Path]:
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return [path]
+
+
+FIGURES = (
+    Figure(
+        "acceptance",
+        "acceptance rate by draft position (CS Drafting Fig. 2)",
+        lambda run_dir: list(write_acceptance_plot(run_dir)),
+    ),
+    Figure(
+        "load",
+        "speculation's speedup over the same engine's AR by concurrency, from `specbench load`'s load.csv",
+        write_load_plot,
+    ),
+)

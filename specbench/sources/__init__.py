@@ -15,17 +15,16 @@ last a Hugging Face Hub id (``org/name``; offline it must already be in the loca
 
 from __future__ import annotations
 
-import importlib
 import math
-import pkgutil
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specbench.errors import SpecbenchError
 from specbench.models.options import option_bounds_problem, placement_problem
+from specbench.registry import Registry
 
 if TYPE_CHECKING:
     from specbench.models.facts import ModelFacts
@@ -137,48 +136,31 @@ class Source:
     # distill.json says how: its digest goes into environment.json so a stale result can be told
     # apart, and its prompts are checked against what a run evaluates
     trained_in: Callable[[str], Path] | None = None
+    # tokenizer(source) -> the name of the tokenizer its weights use, where it is known before they load
+    # (an alias of a published family, or a drafter trained on one): a recipe that pairs two known
+    # tokenizers that differ is refused before any model loads; None: known only once loaded
+    tokenizer: Callable[[str], str | None] | None = None
 
 
-class SourceRegistry(Mapping):
-    """Kind -> :class:`Source`, filled on first use from every module of this package that declares
-    ``SOURCE``; iterated in recognition order."""
-
-    def __init__(self, package: str = __name__):
-        self._package = package
-        self._sources: dict[str, Source] | None = None
-
-    def _loaded(self) -> dict[str, Source]:
-        if self._sources is None:
-            package = importlib.import_module(self._package)
-            found: list[Source] = []
-            for info in pkgutil.iter_modules(package.__path__):
-                source = getattr(importlib.import_module(f"{self._package}.{info.name}"), "SOURCE", None)
-                if source is not None:
-                    if any(s.kind == source.kind for s in found):
-                        raise RuntimeError(f"source kind {source.kind!r} is declared twice ({info.name})")
-                    found.append(source)
-            self._sources = {s.kind: s for s in sorted(found, key=lambda s: (s.order, s.kind))}
-        return self._sources
-
-    def __getitem__(self, kind: str) -> Source:
-        return self._loaded()[kind]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._loaded())
-
-    def __len__(self) -> int:
-        return len(self._loaded())
-
-    def of(self, source: str) -> Source:
-        """The kind that recognises ``source`` (the hub id takes whatever no other kind does)."""
-        return next(s for s in self._loaded().values() if s.matches(source))
+def _recognition_order(source: Source) -> tuple[int, str]:
+    return source.order, source.kind
 
 
-SOURCES = SourceRegistry()
+# Kind -> Source, from every module of this package that declares ``SOURCE``, in recognition order.
+SOURCES: Registry[Source] = Registry(
+    "source kind", __name__, "SOURCE", name=lambda source: source.kind, order=_recognition_order
+)
 
 
-def source_of(source: str) -> Source:
-    return SOURCES.of(source)
+def source_of(source: str, registry: Mapping[str, Source] = SOURCES) -> Source:
+    """The kind that recognises ``source`` (the hub id takes whatever no other kind does)."""
+    return next(kind for kind in registry.values() if kind.matches(source))
+
+
+def tokenizer_of(source: str) -> str | None:
+    """The tokenizer the weights of ``source`` use, where its kind knows it before loading, else None."""
+    kind = source_of(source)
+    return kind.tokenizer(source) if kind.tokenizer is not None else None
 
 
 def trained_record(source: str) -> dict | None:

@@ -40,3 +40,5 @@ ALPACA = Task(
         "specdecpp-test": ("train", 0.8, 1.0),
     },
 )
+
+TASKS = (ALPACA,)

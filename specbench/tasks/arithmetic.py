@@ -27,3 +27,5 @@ ARITHMETIC = Task(
     grade=grade_number,
     embedded="arithmetic.jsonl",
 )
+
+TASKS = (ARITHMETIC,)

@@ -87,3 +87,5 @@ CNN_DAILYMAIL_FEWSHOT = Task(
     grade=lambda example, text: rouge2(fewshot_summary(text), example.reference),
     local_dirs=("cnn_dailymail_fewshot", "cnn_dailymail"),
 )
+
+TASKS = (CNN_DAILYMAIL, CNN_DAILYMAIL_FEWSHOT)

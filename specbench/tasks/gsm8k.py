@@ -154,3 +154,5 @@ GSM8K_FEWSHOT = Task(
     grade=grade_fewshot,
     local_dirs=("gsm8k_fewshot", "gsm8k"),
 )
+
+TASKS = (GSM8K, GSM8K_FEWSHOT)

@@ -54,3 +54,5 @@ HUMANEVAL = Task(
     grade=lambda example, text: pass_at_1(program(example, text)),
     executes_code=True,
 )
+
+TASKS = (HUMANEVAL,)

@@ -109,3 +109,5 @@ MBPP = Task(
     grade=lambda example, text: pass_at_1(program(example, text)),
     executes_code=True,
 )
+
+TASKS = (MBPP,)

@@ -47,3 +47,5 @@ MMLU = Task(
     build=_build,
     grade=_grade,
 )
+
+TASKS = (MMLU,)

@@ -38,3 +38,5 @@ NATURAL_QUESTIONS = Task(
     grade=grade_short_answer,
     metrics=("exact_match", "f1"),
 )
+
+TASKS = (NATURAL_QUESTIONS,)

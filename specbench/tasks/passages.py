@@ -33,3 +33,5 @@ PASSAGES = Task(
     grade=lambda example, text: rouge2(text.strip(), example.reference),
     embedded="passages.jsonl",
 )
+
+TASKS = (PASSAGES,)

@@ -80,3 +80,5 @@ SQUAD_V2 = Task(
     grade=lambda example, text: squad_scores(answer_of(text), example.answers),
     metrics=("exact_match", "f1"),
 )
+
+TASKS = (SQUAD_V2,)

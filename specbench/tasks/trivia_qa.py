@@ -43,3 +43,5 @@ TRIVIA_QA = Task(
     grade=grade_short_answer,
     metrics=("exact_match", "f1"),
 )
+
+TASKS = (TRIVIA_QA,)

@@ -37,3 +37,5 @@ WEB_QUESTIONS = Task(
     grade=grade_short_answer,
     metrics=("exact_match", "f1"),
 )
+
+TASKS = (WEB_QUESTIONS,)

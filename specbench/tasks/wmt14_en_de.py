@@ -97,3 +97,5 @@ WMT14_EN_DE_FEWSHOT = Task(
     local_dirs=("wmt14_en_de_fewshot", "wmt14_en_de", "wmt14_de_en"),
     statistics=WMT14_EN_DE.statistics,
 )
+
+TASKS = (WMT14_EN_DE, WMT14_EN_DE_FEWSHOT)

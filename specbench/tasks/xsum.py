@@ -31,3 +31,5 @@ XSUM = Task(
     build=_build,
     grade=lambda example, text: rouge2(text.strip(), example.reference),
 )
+
+TASKS = (XSUM,)

@@ -35,11 +35,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench import sources
+from specbench import sources, training
 from specbench.drafters import draft_vocab
 from specbench.drafters.early_exit import EXIT_HEAD_FILE, ExitHead, early_exit_model
 from specbench.errors import SpecbenchError
 from specbench.models import cache
+from specbench.training import Trainer, either, trainer_of
 from specbench.training.teacher import (
     Sequence,
     TeacherConfig,
@@ -51,7 +52,7 @@ from specbench.training.teacher import (
 
 @dataclass(frozen=True)
 class StudentConfig:
-    size: str  # a key of STUDENTS or "exit<N>"
+    size: str  # a trainer's name (specbench.training.TRAINERS), or the numbered one's: "exit<N>"
     epochs: float
     lr: float
     batch_tokens: int = 2048
@@ -76,51 +77,22 @@ class StudentConfig:
         return {k: v for k, v in asdict(self).items() if not (k in optional and v is None)}
 
 
-STUDENTS = {
-    "small": StudentConfig("small", epochs=3.0, lr=2e-3, draft_vocab=8192),
-    "base": StudentConfig("base", epochs=2.0, lr=1e-3, draft_vocab=8192),
-    # CS Drafting's cost ratios (Chen et al., NeurIPS 2024, Table 2: FLAN-T5-small and -base are 0.0069
-    # and 0.022 of FLAN-T5-XXL's parameters) for a SmolLM2-135M target: ~1.0M and ~3.0M parameters,
-    # nearly all of it the tied embedding, so they learn faster with a higher rate and more epochs
-    # (the same for both: only their width differs)
-    "micro": StudentConfig("micro", epochs=6.0, lr=5e-3, draft_vocab=8192),
-    "mini": StudentConfig("mini", epochs=6.0, lr=5e-3, draft_vocab=8192),
-    # Medusa-1 heads on the frozen target (specbench.training.medusa); batch_tokens: positions a step
-    "medusa": StudentConfig("medusa", epochs=2.0, lr=1e-3, batch_tokens=1024, draft_vocab=8192),
-    # an EAGLE head on the frozen target's features (specbench.training.eagle); batch_tokens: padded
-    # positions a step
-    "eagle": StudentConfig("eagle", epochs=8.0, lr=1e-3, batch_tokens=4096, draft_vocab=8192),
-    # the same head reading EAGLE-3's fusion of the target's low, middle and high states
-    "eagle3": StudentConfig("eagle3", epochs=8.0, lr=1e-3, batch_tokens=4096, draft_vocab=8192),
-}
-EXIT_DEFAULTS = {"epochs": 1.0, "lr": 1e-3}
-
-
 def student_config(size: str, **overrides) -> StudentConfig:
-    if size in STUDENTS:
-        base = STUDENTS[size]
-    elif size.startswith("exit") and size[4:].isdigit():
-        base = StudentConfig(size, **EXIT_DEFAULTS)
-        overrides.pop("draft_vocab", None)  # an exit head shares the target's full head
-    else:
-        raise SpecbenchError(
-            "--size",
-            f"unknown drafter size {size!r}",
-            "use small, base, micro, mini, medusa, eagle, eagle3 or exit<N> (e.g. exit4)",
-        )
-    if overrides.get("unroll") is not None and size not in ("eagle", "eagle3"):
-        raise SpecbenchError(
-            "--unroll",
-            f"--size {size} has no training-time test",
-            "pass --unroll with --size eagle or eagle3 only",
-        )
-    if overrides.get("max_sequence") is not None and size not in HEADS:
-        raise SpecbenchError(
-            "--max-sequence",
-            f"--size {size} trains on the teacher data's whole sequences",
-            "pass --max-sequence with --size medusa, eagle or eagle3 only",
-        )
-    return StudentConfig(**(asdict(base) | {k: v for k, v in overrides.items() if v is not None}))
+    trainer = trainer_of(size)
+    if trainer.full_vocabulary:
+        overrides.pop("draft_vocab", None)
+    for option, allowed, why in (
+        ("unroll", "unrolls", "has no training-time test"),
+        ("max_sequence", "heads", "trains on the teacher data's whole sequences"),
+    ):
+        if overrides.get(option) is not None and not getattr(trainer, allowed):
+            flag = "--" + option.replace("_", "-")
+            takers = [t.name for t in training.TRAINERS.values() if getattr(t, allowed)]
+            raise SpecbenchError(
+                flag, f"--size {size} {why}", f"pass {flag} with --size {either(takers)} only"
+            )
+    fields = asdict(trainer.defaults) | {"size": size}
+    return StudentConfig(**(fields | {k: v for k, v in overrides.items() if v is not None}))
 
 
 # width and attention heads of the students that are not the target cut short (2 layers each)
@@ -321,28 +293,24 @@ def distill(
     n_held = max(1, round(held_out_fraction * len(data)))
     held_out = [data[i] for i in split[:n_held]]
     train = [data[i] for i in split[n_held:]]
-    saved = []
-    for config in students:
-        if config.size in HEADS:
-            saved.append(_train_heads(target, teacher, train, held_out, config, progress))
-            continue
-        student = build_student(target.model, config.size, config.seed)
-        vocab = None
-        if config.draft_vocab:
-            vocab = draft_vocabulary(train, config.draft_vocab, target)
-        record = train_student(student, train, held_out, config, progress, vocab)
-        manifest = {
-            "size": config.size,
-            "parameters": sum(p.numel() for p in student.parameters()),
-            "teacher": teacher.record() | {"origin": getattr(target, "origin", ""), "key": teacher.key()},
-            "student": config.manifest(),
-            **record,
-        }
-        saved.append(save_student(student, target, config.name + teacher.suffix(), manifest, vocab))
-    return saved
+    return [trainer_of(c.size).train(target, teacher, train, held_out, c, progress) for c in students]
 
 
-HEADS = ("medusa", "eagle", "eagle3")  # trained on the frozen target's states, saved with its own manifest
+def _train_model(target, teacher: TeacherConfig, train, held_out, config: StudentConfig, progress) -> Path:
+    """A student model (or an exit head on the target's first layers), saved with its manifest."""
+    student = build_student(target.model, config.size, config.seed)
+    vocab = None
+    if config.draft_vocab:
+        vocab = draft_vocabulary(train, config.draft_vocab, target)
+    record = train_student(student, train, held_out, config, progress, vocab)
+    manifest = {
+        "size": config.size,
+        "parameters": sum(p.numel() for p in student.parameters()),
+        "teacher": teacher.record() | {"origin": getattr(target, "origin", ""), "key": teacher.key()},
+        "student": config.manifest(),
+        **record,
+    }
+    return save_student(student, target, config.name + teacher.suffix(), manifest, vocab)
 
 
 def _train_heads(target, teacher: TeacherConfig, train, held_out, config: StudentConfig, progress) -> Path:
@@ -360,8 +328,7 @@ def _train_heads(target, teacher: TeacherConfig, train, held_out, config: Studen
     else:
         from specbench.training.eagle import train_head
 
-        features_at = cache.cache_dir() / "distill" / _slug(teacher.target) / f"features-{teacher.key()}"
-        module, record = train_head(target, train, held_out, config, vocab, progress, features_at)
+        module, record = train_head(target, train, held_out, config, vocab, progress, teacher.features_at())
     manifest |= {
         "draft_vocab": vocab.tolist(),
         "parameters": sum(p.numel() for p in module.parameters()),
@@ -382,6 +349,73 @@ def _train_heads(target, teacher: TeacherConfig, train, held_out, config: Studen
     )
     write_training_curve(folder / "training_curve.png", record, f"{folder.name} on {teacher.target}")
     return folder
+
+
+# small and base are two layers each (160 wide; the target's own width and first layers); micro and
+# mini are CS Drafting's cost ratios (Chen et al., NeurIPS 2024, Table 2: FLAN-T5-small and -base are
+# 0.0069 and 0.022 of FLAN-T5-XXL's parameters) for a SmolLM2-135M target, ~1.0M and ~3.0M
+# parameters, nearly all of it the tied embedding, so they learn faster with a higher rate and more
+# epochs (the same for both: only their width differs). medusa, eagle and eagle3 train on the frozen
+# target's states (batch_tokens: positions, padded for EAGLE, a step).
+TRAINERS = (
+    Trainer(
+        "small",
+        "~8.5M, 2 layers x 160",
+        StudentConfig("small", epochs=3.0, lr=2e-3, draft_vocab=8192),
+        _train_model,
+    ),
+    Trainer(
+        "base",
+        "the target's embedding and first 2 layers",
+        StudentConfig("base", epochs=2.0, lr=1e-3, draft_vocab=8192),
+        _train_model,
+    ),
+    Trainer(
+        "micro",
+        "2 layers x 20: ~1.0M for SmolLM2-135M, CS Drafting's FLAN-T5-small cost ratio to XXL",
+        StudentConfig("micro", epochs=6.0, lr=5e-3, draft_vocab=8192),
+        _train_model,
+    ),
+    Trainer(
+        "mini",
+        "2 layers x 60: ~3.0M for SmolLM2-135M, CS Drafting's FLAN-T5-base cost ratio to XXL",
+        StudentConfig("mini", epochs=6.0, lr=5e-3, draft_vocab=8192),
+        _train_model,
+    ),
+    Trainer(
+        "medusa",
+        "4 Medusa-1 heads on the target's last hidden state; recipes name them medusa:<target>/medusa",
+        StudentConfig("medusa", epochs=2.0, lr=1e-3, batch_tokens=1024, draft_vocab=8192),
+        _train_heads,
+        heads=True,
+    ),
+    Trainer(
+        "eagle",
+        "an EAGLE head: one decoder layer on the target's features, also saved in vLLM's eagle layout; "
+        "recipes name it eagle:<target>/eagle",
+        StudentConfig("eagle", epochs=8.0, lr=1e-3, batch_tokens=4096, draft_vocab=8192),
+        _train_heads,
+        heads=True,
+        unrolls=True,
+    ),
+    Trainer(
+        "eagle3",
+        "the same head reading EAGLE-3's fusion of the target's low, middle and high layers, "
+        "RMS-normalised, trained on the token loss alone; eagle:<target>/eagle3, no vLLM layout",
+        StudentConfig("eagle3", epochs=8.0, lr=1e-3, batch_tokens=4096, draft_vocab=8192),
+        _train_heads,
+        heads=True,
+        unrolls=True,
+    ),
+    Trainer(
+        "exit",
+        "an exit head on the target's first N layers",
+        StudentConfig("exit", epochs=1.0, lr=1e-3),
+        _train_model,
+        numbered=True,
+        full_vocabulary=True,
+    ),
+)
 
 
 def write_training_curve(path: Path, record: dict, title: str) -> Path:

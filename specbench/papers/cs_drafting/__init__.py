@@ -3,13 +3,13 @@
 * ``tables``: Tables 2-5 beside a run (``--paper cs-drafting-table2``: SWI on FLAN-T5 with Table 5's
   settings; ``--paper cs-drafting-table3``: walltime on Vicuna-7B with the Table 4 ablation);
 * ``theory``: Section 4's EWIF closed forms and a Monte-Carlo simulator (``specbench theory table1``);
+* ``commands``: ``specbench theory table1``;
+* ``views``: the ``--paper`` views, declared as the registries read them;
 * ``reference.yaml``: the paper's numbers, transcribed.
 """
 
-from specbench.papers.base import Paper
-from specbench.papers.cs_drafting.tables import cs_drafting_reference, table2, table3
+from specbench.papers.commands import views_on_demand
+from specbench.papers.cs_drafting.commands import COMMANDS
 
-PAPERS = (
-    Paper("cs-drafting-table2", table2, cs_drafting_reference, "google/flan-t5-xxl", ("flan-t5-xxl",)),
-    Paper("cs-drafting-table3", table3, cs_drafting_reference, "Vicuna-7B", ("vicuna-7b",)),
-)
+__all__ = ["COMMANDS"]
+__getattr__ = views_on_demand(__name__)  # PAPERS and FIGURES, from .views

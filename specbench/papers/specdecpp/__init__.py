@@ -5,18 +5,13 @@
 * ``efficiency``: discard and verification rates, the forward-time fit of Equation 2.1, the
   Equation 2.3 throughput and the Figure 4 PNG (``specbench plot --figure specdecpp``);
 * ``tables``: Table 1 and the forward times beside a run (``--paper specdecpp``);
+* ``commands``: ``specbench theory threshold`` and ``specbench specdecpp train``;
+* ``views``: the ``--paper`` view and the ``--figure specdecpp`` figure, declared as the registries read them;
 * ``reference.yaml``: the paper's numbers, transcribed.
 """
 
-from specbench.papers.base import Paper
-from specbench.papers.specdecpp.tables import specdecpp_reference, table1
+from specbench.papers.commands import views_on_demand
+from specbench.papers.specdecpp.commands import COMMANDS, GROUPS
 
-PAPERS = (
-    Paper(
-        "specdecpp",
-        table1,
-        specdecpp_reference,
-        "llama-2-chat 70B (7B drafts)",
-        ("llama-2-70b-chat", "llama-2-7b-chat"),
-    ),
-)
+__all__ = ["COMMANDS", "GROUPS"]
+__getattr__ = views_on_demand(__name__)  # PAPERS and FIGURES, from .views

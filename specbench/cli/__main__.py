@@ -1,0 +1,5 @@
+"""``python -m specbench.cli``: the ``specbench`` command."""
+
+from specbench.cli import main
+
+main()

@@ -1,0 +1,37 @@
+"""``specbench load``: engine cells served and measured under concurrent load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from specbench.cli.common import err, user_errors
+
+
+@user_errors
+def load(
+    recipe: Path = typer.Argument(
+        ..., help="Recipe YAML with a load: section and methods whose target runs on a serving engine."
+    ),
+    output_dir: Path = typer.Option(..., "--output-dir", "-o", help="Where load.csv goes."),
+    resume: bool = typer.Option(False, "--resume", help="Measure only the levels load.csv does not hold."),
+):
+    """Engine cells under load: each cell's engine served on 127.0.0.1 (vllm serve on a free port),
+    driven by an async streaming client at every concurrency of the recipe's load: section; per level
+    throughput, TTFT/TPOT/end-to-end p50/p90/p99, goodput under the SLO, acceptance from the server's
+    counters, and the speedup over the same engine's AR cell at the same load, into OUTPUT_DIR/load.csv.
+    The server is always stopped, on errors and Ctrl-C too. Plot: `specbench plot DIR --figure load`."""
+    from specbench.pipeline.load_run import load_table, run_load
+    from specbench.recipe import load_recipe
+    from specbench.tasks import TASKS
+
+    spec = load_recipe(recipe, known_tasks=TASKS)
+    out = run_load(spec, output_dir, err, resume)
+    from specbench.engines.load import read_load
+
+    console = Console()
+    if not console.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
+        console = Console(width=220)
+    console.print(load_table(read_load(out), f"{spec.name} under load ({out})"))

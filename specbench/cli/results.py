@@ -1,0 +1,136 @@
+"""Reading committed runs: ``report`` (a run's tables, a paper's, Spec-Bench's categories), ``compare``
+(several runs side by side) and ``check`` (whether they are still what today's code measures)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from specbench.cli.common import help_from, user_errors, write_text
+from specbench.errors import SpecbenchError
+
+
+def paper_help() -> str:
+    """``--paper``'s help: each view of the papers' registry and what it shows (one paper's views are
+    alternatives, joined by "or")."""
+    from itertools import groupby
+
+    from specbench.papers.registry import PAPERS
+
+    papers = groupby(PAPERS.values(), key=lambda view: view.reference)  # a paper's views share its numbers
+    listed = "; ".join(" or ".join(f"{view.name} ({view.help})" for view in views) for _, views in papers)
+    return f"Print a paper's table with our best cells beside it: {listed}. Formats: table, markdown, csv."
+
+
+REPORT_COMMAND = help_from(paper=paper_help)
+
+
+@user_errors
+def report(
+    results: Path = typer.Argument(Path("results"), help="A run directory, or a folder of run directories."),
+    format: str = typer.Option("table", "--format", "-f", help="table (Rich), csv, markdown or latex."),
+    # its help: paper_help(), read when --help is shown
+    paper: str = typer.Option(None, "--paper"),
+    by: str = typer.Option(
+        None,
+        "--by",
+        help="category: Spec-Bench's leaderboard from examples.jsonl, one row per method cell: speedup "
+        "over AR per category (MT-Bench, Translation, Summarization, QA, Math, RAG) and overall, with "
+        "paired bootstrap intervals, and #Mean Accepted Tokens. Needs rows that carry a category "
+        "(task spec_bench).",
+    ),
+):
+    """One table per dataset: method, drafters, k, SWI (MS, PW), tokens/s, speedup, acceptance, quality.
+
+    With --paper, the paper's table instead: each paper row beside the best of our matching cells.
+    With --by category, Spec-Bench's leaderboard by category (Xia et al., Findings of ACL 2024).
+    """
+    if by is not None:
+        if by != "category":
+            raise SpecbenchError("--by", f"unknown breakdown {by!r}", "use --by category")
+        if paper is not None:
+            raise SpecbenchError("--by", "cannot be combined with --paper", "pass one of --by and --paper")
+        from specbench.pipeline.categories import render_categories
+
+        text = render_categories(results, format)
+    elif paper is not None:
+        from specbench.papers.registry import check_paper, render_paper
+
+        check_paper(paper)  # a misspelt name is reported before the results are read
+        text = render_paper(results, paper, format)
+    else:
+        from specbench.pipeline.report import render
+
+        text = render(results, format)
+    write_text(text)
+
+
+@user_errors
+def compare(
+    runs: list[Path] = typer.Argument(
+        ..., help="Two run directories or more (each holding cells.csv); the first is the reference."
+    ),
+    format: str = typer.Option("table", "--format", "-f", help="table (Rich), csv, markdown or latex."),
+    allow_incomparable: bool = typer.Option(
+        False,
+        "--allow-incomparable",
+        help="Show cells that are another experiment in a later run (other models, generation settings, "
+        "method parameters or examples) marked ≠ instead of refusing them.",
+    ),
+):
+    """The same cells of several runs side by side, one table per dataset.
+
+    Cells are matched on dataset and cell id. Per run: tokens/s, speedup over that run's AR cell and
+    SWI MS (each with its 95% bootstrap interval where cells.csv has one; older files show the value
+    alone), acceptance length; and for each run after the first, its tokens/s over the first run's on
+    the same cell (> 1: faster). A cell missing from a run, or a value it did not measure (replayed
+    cells have no time), shows "—". The runs may differ in machine, dtype, engine and threads (each
+    run's is named above its table); a cell whose models, generation settings, method parameters or
+    examples differ is refused unless --allow-incomparable. Example:
+    specbench compare results/quickstart results/quickstart-mine
+    """
+    from specbench.pipeline.compare import render_compare
+
+    text = render_compare(runs, format, allow_incomparable=allow_incomparable)
+    write_text(text)
+
+
+@user_errors
+def check(
+    results: list[Path] = typer.Argument(
+        ..., help="Run directories, or folders searched for them (e.g. results/)."
+    ),
+):
+    """Whether committed results still are what today's code measures.
+
+    For each run directory (one holding examples.jsonl): its resolved_recipe.yaml must still validate,
+    must key every recorded row as the row is keyed (a method revision, a changed default or model
+    entry changes the keys), and its trained drafters and heads must have been trained as the local
+    copies were (environment.json records a digest of each one's training). A directory kept on
+    purpose although stale names, in the first line of its PROVENANCE.md, the commit that made it and
+    why it stays. Reads only. Exit 1 when a directory is stale without such a declaration, e.g.
+    specbench check results/
+    """
+    from rich.table import Table
+
+    from specbench.pipeline.provenance import check_run, result_directories
+
+    table = Table("run", "state", "why")
+    failed = False
+    for directory in [d for path in results for d in result_directories(path)]:
+        finding = check_run(directory)
+        if not finding.stale:
+            state = "current"
+        elif finding.accepted:
+            state = "stale, declared"
+        else:
+            state, failed = "stale", True
+        why = finding.problems + ([f"PROVENANCE.md: {finding.declared}"] if finding.declared else [])
+        text = "\n".join(why + [f"note: {n}" for n in finding.notes])
+        table.add_row(escape(str(directory)), state, escape(text))
+    Console(width=200).print(table)
+    if failed:
+        raise typer.Exit(1)
