@@ -26,6 +26,14 @@ def _folder(source: str, where: str):
     return path
 
 
+def _tokenizer(source: str) -> str | None:
+    """A distilled drafter keeps its target's tokenizer (``distilled:<target>/<size>``)."""
+    from specbench.sources import tokenizer_of
+
+    target = source.removeprefix(DISTILLED_PREFIX).partition("/")[0]
+    return tokenizer_of(target) if target else None
+
+
 def _load(context: LoadContext) -> Weights:
     request = context.request
     path = _folder(request.source, f"{context.where}.source")
@@ -52,4 +60,5 @@ SOURCE = Source(
     options=LOADER_OPTIONS,
     order=30,
     trained_in=_path,
+    tokenizer=_tokenizer,
 )

@@ -9,7 +9,13 @@ from specbench.models.options import LOADER_OPTIONS
 from specbench.sources import LoadContext, Source, Weights
 from specbench.sources import checkpoints as ckpt
 
-KNOWN_ALIASES = ("tiny-llama", "tiny-t5", "smollm2-135m-instruct")
+KNOWN_ALIASES = (
+    "tiny-llama",
+    "tiny-t5",
+    "smollm2-135m-instruct",
+    "qwen2.5-coder-1.5b-instruct",
+    "qwen2.5-coder-0.5b-instruct",
+)
 
 
 def load_hub(name: str, hub_id: str, dtype, revision: str | None, loader=None) -> Weights:

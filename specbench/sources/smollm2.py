@@ -105,4 +105,5 @@ SOURCE = Source(
     options=("prefer", *LOADER_OPTIONS),
     check=_check,
     order=20,
+    tokenizer=lambda source: "SmolLM2",
 )
