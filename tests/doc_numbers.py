@@ -33,7 +33,10 @@ from pathlib import Path
 from specbench.pipeline.report import read_cells_csv
 
 ROOT = Path(__file__).resolve().parents[1]
-MAIN_DOCUMENTS = [ROOT / "README.md", ROOT / "results" / "CLAIMS.md"]
+README, CLAIMS = ROOT / "README.md", ROOT / "results" / "CLAIMS.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+# the README and the ledger first (in this order), then the reference in docs/ the README points to
+MAIN_DOCUMENTS = [README, CLAIMS, *DOCS]
 RUN_READMES = sorted((ROOT / "results").rglob("README.md"))
 PAPERS = sorted((ROOT / "specbench" / "papers").glob("*/reference.yaml"))
 

@@ -14,8 +14,8 @@ from specbench.cli import app
 from specbench.errors import SpecbenchError
 from specbench.models import machine as machine_module
 from specbench.models.machine import Machine, recorded_machine, session_machine, this_machine
-from specbench.pipeline.environment import machines_of
 from specbench.pipeline.report import display_frame, load_cells
+from specbench.pipeline.results import machines_of
 from specbench.pipeline.runner import Runner
 from specbench.recipe import load_recipe
 

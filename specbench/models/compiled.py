@@ -21,7 +21,7 @@ On CPU each pass is compiled ahead of time as one full graph and kept on disk
 (:mod:`specbench.models.graph_store`), so a second process loads its graphs in seconds instead of
 compiling them again; a pass that cannot be stored is compiled by ``torch.compile`` as before. On CUDA
 the passes use ``mode="reduce-overhead"`` (CUDA graphs). The measurements behind these choices are in
-the README's "Engines" section.
+docs/engines.md.
 """
 
 from __future__ import annotations

@@ -25,9 +25,15 @@ import yaml
 from rich.console import Console
 
 from specbench.errors import SpecbenchError
-from specbench.pipeline.environment import machines_of, read_environment
-from specbench.pipeline.report import display_frame, emit, load_cells, measured_on
-from specbench.pipeline.results import CELLS, RESOLVED_RECIPE, read_examples
+from specbench.pipeline.report import display_frame, emit, load_cells
+from specbench.pipeline.results import (
+    CELLS,
+    RESOLVED_RECIPE,
+    machines_of,
+    measured_on,
+    read_environment,
+    read_examples,
+)
 
 MISSING = "—"
 DIFFERENT = "≠"

@@ -22,7 +22,7 @@ import torch
 
 from specbench import __version__
 from specbench.models.hf import HFModel
-from specbench.models.machine import Machine, recorded_machine, session_machine, this_machine
+from specbench.models.machine import recorded_machine, this_machine
 from specbench.pipeline.results import ENVIRONMENT, RESULTS_FORMAT, write_atomic
 
 
@@ -103,30 +103,6 @@ def write_environment(
     sessions = [s for s in earlier.get("sessions", []) if s.get("started") != started]
     env["sessions"] = [*sessions, session]
     write_atomic(path, json.dumps(env, indent=2) + "\n")
-
-
-def read_environment(directory: Path) -> dict:
-    """A run directory's environment.json, or {} when it has none or it is unreadable (reports name
-    what they cannot tell; a run rewrites the file)."""
-    try:
-        data = json.loads((Path(directory) / ENVIRONMENT).read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def machines_of(environment: dict) -> dict[str, Machine]:
-    """Every machine that wrote rows into a directory, by id, the directory's own (first) machine
-    first."""
-    found = {}
-    home = recorded_machine(environment)
-    if home is not None:
-        found[home.id] = home
-    for session in environment.get("sessions") or []:
-        machine = session_machine(session, environment) if isinstance(session, dict) else None
-        if machine is not None and session.get("rows"):
-            found.setdefault(machine.id, machine)
-    return found
 
 
 def reset_peak_memory(device: torch.device) -> None:

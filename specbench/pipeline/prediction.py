@@ -254,8 +254,7 @@ def predict_run(
     with a roofline, which predicts what the device bounds: a host's Python is not the device's)."""
     from pathlib import Path
 
-    from specbench.pipeline.environment import read_environment
-    from specbench.pipeline.results import read_examples
+    from specbench.pipeline.results import read_environment, read_examples
 
     run_dir = Path(run_dir)
     environment = read_environment(run_dir)

@@ -13,8 +13,14 @@ from rich.text import Text
 
 from specbench.errors import SpecbenchError
 from specbench.models.machine import LOADED
-from specbench.pipeline.environment import machines_of, read_environment
-from specbench.pipeline.results import CELLS, CELLS_SHA, cells_edited, read_examples
+from specbench.pipeline.results import (
+    CELLS,
+    CELLS_SHA,
+    cells_edited,
+    measured_on,
+    read_environment,
+    read_examples,
+)
 
 FORMATS = ("table", "csv", "markdown", "latex")
 
@@ -30,29 +36,6 @@ def run_directories(results: Path) -> list[Path]:
             "run `specbench run RECIPE --output-dir DIR` first, then report DIR",
         )
     return [path.parent for path in files]
-
-
-def measured_on(directory: Path, label: str | None = None) -> str:
-    """``label: measured on <machine>; smollm2 bfloat16 (auto: this CPU has AMX), eager``: what a
-    run's times belong to, from its environment.json (every machine, where rows came from several)."""
-    environment = read_environment(directory)
-    machines = machines_of(environment)
-    where = (
-        " and ".join(f"{m.describe()} (machine {key})" for key, m in machines.items())
-        if len(machines) > 1
-        else next(iter(machines.values())).describe()
-        if machines
-        else "an unrecorded machine"
-    )
-    models = []
-    for name, model in (environment.get("models") or {}).items():
-        if isinstance(model, dict) and model.get("dtype"):
-            dtype = str(model["dtype"]).removeprefix("torch.")
-            why = (
-                f" ({model['dtype_reason']})" if str(model.get("dtype_reason", "")).startswith("auto") else ""
-            )
-            models.append(f"{name} {dtype}{why}, {model.get('engine') or 'eager'}")
-    return f"{label or directory.name}: measured on {where}" + (f"; {'; '.join(models)}" if models else "")
 
 
 def load_cells(results: Path) -> pd.DataFrame:

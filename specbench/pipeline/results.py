@@ -14,6 +14,8 @@ is never parsed as a row or dropped unsaid: a run that resumes moves it to ``exa
 it by line number and computes its row again; readers (``plot``, the paper views) refuse the file and
 say which line to repair. Whole files (CSV, YAML, JSON) are written to a temporary name and renamed
 into place. Only one run writes a directory at a time: a second one stops and names the first's pid.
+environment.json is written by :mod:`specbench.pipeline.environment` (which asks torch); it is read
+here (:func:`read_environment`, :func:`machines_of`, :func:`measured_on`), so that reports do not.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from specbench.errors import SpecbenchError
 from specbench.models.cache import write_atomic  # noqa: F401  (the pipeline's writers import it here)
+from specbench.models.machine import Machine, recorded_machine, session_machine
 
 EXAMPLES = "examples.jsonl"
 CELLS = "cells.csv"
@@ -225,3 +228,50 @@ def check_format(directory: Path) -> None:
             f"holds results in format {found}; this specbench writes format {RESULTS_FORMAT}",
             "run into a new --output-dir, or use the specbench version that wrote it",
         )
+
+
+def read_environment(directory: Path) -> dict:
+    """A run directory's environment.json, or {} when it has none or it is unreadable (reports name
+    what they cannot tell; a run rewrites the file)."""
+    try:
+        data = json.loads((Path(directory) / ENVIRONMENT).read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def machines_of(environment: dict) -> dict[str, Machine]:
+    """Every machine that wrote rows into a directory, by id, the directory's own (first) machine
+    first."""
+    found = {}
+    home = recorded_machine(environment)
+    if home is not None:
+        found[home.id] = home
+    for session in environment.get("sessions") or []:
+        machine = session_machine(session, environment) if isinstance(session, dict) else None
+        if machine is not None and session.get("rows"):
+            found.setdefault(machine.id, machine)
+    return found
+
+
+def measured_on(directory: Path, label: str | None = None) -> str:
+    """``label: measured on <machine>; smollm2 bfloat16 (auto: this CPU has AMX), eager``: what a
+    run's times belong to, from its environment.json (every machine, where rows came from several)."""
+    environment = read_environment(directory)
+    machines = machines_of(environment)
+    where = (
+        " and ".join(f"{m.describe()} (machine {key})" for key, m in machines.items())
+        if len(machines) > 1
+        else next(iter(machines.values())).describe()
+        if machines
+        else "an unrecorded machine"
+    )
+    models = []
+    for name, model in (environment.get("models") or {}).items():
+        if isinstance(model, dict) and model.get("dtype"):
+            dtype = str(model["dtype"]).removeprefix("torch.")
+            why = (
+                f" ({model['dtype_reason']})" if str(model.get("dtype_reason", "")).startswith("auto") else ""
+            )
+            models.append(f"{name} {dtype}{why}, {model.get('engine') or 'eager'}")
+    return f"{label or directory.name}: measured on {where}" + (f"; {'; '.join(models)}" if models else "")

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from specbench.errors import SpecbenchError
 from specbench.models.machine import cpu_times, others_share, recorded_machine
 from specbench.pipeline.datasets import DatasetRun, load_datasets
-from specbench.pipeline.environment import machines_of, now, read_environment, write_environment
+from specbench.pipeline.environment import now, write_environment
 from specbench.pipeline.measure import CellModels, Measurer
 from specbench.pipeline.report import read_cells_csv
 from specbench.pipeline.results import (
@@ -36,6 +36,8 @@ from specbench.pipeline.results import (
     ExampleLog,
     RunLock,
     check_format,
+    machines_of,
+    read_environment,
     write_atomic,
 )
 from specbench.pipeline.rows import gold_sha

@@ -82,7 +82,7 @@ def from_validation_error(path: Path, error: ValidationError, root: type[BaseMod
         problem, fix = (text.format(value=show(first.get("input")), **ctx) for text in _EXPLANATIONS[kind])
     else:
         problem = f"{show(first.get('input'))}: {first['msg']}"
-        fix = "see the recipe reference in the README"
+        fix = "see the recipe reference in docs/recipes.md"
     return SpecbenchError(where, problem + more, fix)
 
 

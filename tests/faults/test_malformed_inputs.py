@@ -5,7 +5,7 @@ bad references, bad data files and bad report / plot arguments. A new schema fie
 parameter is covered without a new test.
 
 Every case must end as a user error: exit 2, one line that names the file and field and says how to
-fix it, and no traceback. ``python tests/faults/test_malformed_inputs.py`` prints the tally the README
+fix it, and no traceback. ``python tests/faults/test_malformed_inputs.py`` prints the tally docs/running.md
 quotes.
 """
 
@@ -478,7 +478,7 @@ def test_every_shipped_recipe_is_valid(path: Path):
     assert load_recipe(path, known_tasks=set(TASKS)).cells()
 
 
-if __name__ == "__main__":  # the tally for the README
+if __name__ == "__main__":  # the tally for docs/running.md
     import tempfile
 
     with tempfile.TemporaryDirectory() as folder:

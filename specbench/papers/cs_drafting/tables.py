@@ -140,8 +140,8 @@ def annotate(run: Run) -> pd.DataFrame:
 REFERENCE_AGREEMENT = (
     "Against the authors' code (lfsszd/CS-Drafting): the same outputs and, with Max-Gram variant: "
     "reference, the same drafts and per-round counts, except that specbench never drafts past "
-    "max_new_tokens and counts Max-Gram's calls (cost 0, no effect on SWI); README: Agreement with the "
-    "reference implementation."
+    "max_new_tokens and counts Max-Gram's calls (cost 0, no effect on SWI); docs/methods.md: Agreement "
+    "with the reference implementation."
 )
 
 
