@@ -18,6 +18,24 @@ KNOWN_ALIASES = (
 )
 
 
+PREFER = ("auto", "hub", "gguf")  # where an alias of a published model loads from (smollm2, qwen_coder)
+
+
+def prefer_check(family: str):
+    """The ``check`` of an alias source with a ``prefer:`` option: its value must be one of PREFER."""
+
+    def check(source: str, options: dict):
+        if options.get("prefer", "auto") not in PREFER:
+            return (
+                "prefer",
+                f"prefer {options['prefer']!r} is not a {family} origin",
+                f"use {', '.join(PREFER)}",
+            )
+        return None
+
+    return check
+
+
 def load_hub(name: str, hub_id: str, dtype, revision: str | None, loader=None) -> Weights:
     where = f"models.{name}.source"
     if not ckpt.is_hub_id(hub_id):

