@@ -59,7 +59,17 @@ class PackagedGGUF:
         return f"{first}{' ... ' + last if last != first else ''}=={self.version}"
 
 
-def chunked(alias, file_name, general_name, version, prefix, module, sizes, hashes, params):
+def chunked(
+    alias: str,
+    file_name: str,
+    general_name: str,
+    version: str,
+    prefix: str,
+    module: str,
+    sizes: list[int],
+    hashes: list[str],
+    params: int,
+) -> PackagedGGUF:
     """A :class:`PackagedGGUF` whose chunk ``i`` (from 1) is package ``<prefix><i>``, holding
     ``<module><i>/data/partNN.bin``."""
     chunks = tuple(
