@@ -8,9 +8,14 @@ output must equal the target's own, and ``run``, the adapter from a cell's param
 collects them the first time it is read (as lm-evaluation-harness collects its tasks), so a new method
 is one new module in ``specbench/decoding/`` plus its tests.
 
+What the rest of specbench needs of a method is declared on it too, so that no module outside
+``decoding/`` branches on method names: which method is the baseline of every speedup
+(:data:`BASELINE`), what ``specbench plan`` expects of a row (:class:`PassRule`), the papers' theory of a
+measured cell (:mod:`specbench.decoding.theory`) and the cells.csv columns only it has.
+
 This module imports neither torch nor the recipe schema: the recipe asks the registry for a method's
-specs, and the decoding modules import only :class:`Method`, :class:`ParamSpec` and :class:`Request`
-from here.
+specs, and the decoding modules import only :class:`Method`, :class:`ParamSpec`, :class:`Request` and
+:class:`PassRule` from here.
 """
 
 from __future__ import annotations
@@ -41,6 +46,10 @@ class ParamSpec:
     # fingerprint, so rows recorded before it existed still resume.
     added_later: bool = False
 
+
+# The method every speedup is measured against; rows and cells.csv name it so, and readers of those
+# files compare against this name without loading the registry. Its Method says baseline=True.
+BASELINE = "autoregressive"
 
 DRAFT_LENGTH = ParamSpec(int, 4, "draft length, the tokens proposed per target verification", 1, 64)
 
@@ -81,6 +90,46 @@ class Request:
 # run(params, target, drafter, request): the drafter is None, a model or a statistical drafter; for a
 # method with ``drafter_list`` the list of drafters, largest first, statistical last.
 Run = Callable[[dict, Any, Any, Request], "Generation"]
+
+
+# A model's part in a cell for a pass rule: the target, or the index of a drafter in the entry's order
+# (``drafter:`` is index 0; a cascade's ``drafters:`` list in its order).
+Role = str | int
+TARGET = "target"
+
+
+@dataclass(frozen=True)
+class PassRule:
+    """What ``specbench plan`` expects of one row: ``passes(params, tokens, alpha)`` gives the forward
+    passes of each model, as (role, passes) pairs in the order the plan lists them, for ``tokens``
+    generated tokens at acceptance rate ``alpha``, and the draft length k it assumed (None: no draft);
+    ``text`` is the rule in words, printed under the plan."""
+
+    text: str
+    passes: Callable[[dict, float, float], tuple[list[tuple[Role, float]], int | None]]
+
+
+def leviathan_tokens_per_step(alpha: float, k: float) -> float:
+    """E[tokens per target pass] = (1 - α^(k+1)) / (1 - α) (Leviathan et al. 2023, Eq. 1)."""
+    return k + 1 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def chain_passes(
+    tokens: float, alpha: float, k: int, drafter_passes: tuple[float, ...] = ()
+) -> list[tuple[Role, float]]:
+    """A draft of k tokens a target pass, accepted as Leviathan et al. expect: T / E(α, k) target
+    passes, and ``drafter_passes[i]`` passes of drafter i per target pass."""
+    steps = tokens / leviathan_tokens_per_step(alpha, k)
+    return [(TARGET, steps), *((i, passes * steps) for i, passes in enumerate(drafter_passes))]
+
+
+def _draft_k(params: dict, tokens: float, alpha: float) -> tuple[list[tuple[Role, float]], int]:
+    return chain_passes(tokens, alpha, params["k"], (params["k"],)), params["k"]
+
+
+SPECULATIVE_PASSES = PassRule(
+    "T / E(α, k) target passes (Leviathan et al. 2023, Eq. 1), k drafter passes each", _draft_k
+)
 
 
 def never(params: dict) -> bool:
@@ -129,6 +178,15 @@ class Method:
     # bumped when the algorithm's outputs or counts change for the same parameters: above 1 it enters
     # the cells' fingerprints, so a resumed run recomputes those rows instead of mixing two versions
     revision: int = 1
+    # the baseline of every speedup (one method, named BASELINE)
+    baseline: bool = False
+    # what `specbench plan` expects of a row; None: one target pass per token, and the plan says so
+    plan: PassRule | None = None
+    # the papers' expected step for a measured cell, from its rows and their acceptance
+    # (rows, iid) -> specbench.decoding.theory.Expectation, or None where the theory does not apply
+    theory: Callable[[list[dict], bool], Any] | None = None
+    # the cells.csv columns only this method has: (rows, their steps) -> {column: value}
+    cell_metrics: Callable[[list[dict], list], dict] | None = None
 
 
 def given_params(spec) -> set[str]:

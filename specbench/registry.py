@@ -69,7 +69,7 @@ class Registry(Mapping[str, T], Generic[T]):
         found: dict[str, T] = {}
         for module in self._declaring_modules():
             declared = getattr(importlib.import_module(module), self.attribute, None)
-            if declared is None:
+            if declared is None or declared is self:  # a module that reads the registry declares nothing
                 continue
             for entry in declared if isinstance(declared, tuple | list) else (declared,):
                 name = self._name(entry)

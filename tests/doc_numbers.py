@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from specbench.pipeline.report import read_cells_csv
+from specbench.pipeline.records.results import read_cells_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 README, CLAIMS = ROOT / "README.md", ROOT / "results" / "CLAIMS.md"

@@ -97,7 +97,10 @@ def test_cycle_finder_sees_a_cycle():
 
 def test_no_import_circles():
     graph = import_graph()
-    assert "specbench.papers.base" in graph and "specbench.recipe" in graph["specbench.pipeline.tune"]
+    assert (
+        "specbench.papers.base" in graph
+        and "specbench.recipe" in graph["specbench.pipeline.experiments.tune"]
+    )
     assert cycles(graph) == []
 
 
@@ -125,6 +128,31 @@ def test_no_room_imports_a_room_above_it():
     assert upward_imports(graph) == []
 
 
+# pipeline/'s concerns from the bottom up, the same rule one level down: what a run directory holds
+# (records), numbers from rows (analysis), measuring (run), a recipe's bill (planning), measurements
+# beside the run (experiments), and how results are shown (views).
+PIPELINE = ("records", "analysis", "run", "planning", "experiments", "views")
+
+
+def concern(module: str) -> int | None:
+    parts = module.split(".")
+    return PIPELINE.index(parts[2]) if parts[:2] == ["specbench", "pipeline"] and len(parts) > 2 else None
+
+
+def test_pipeline_is_its_concerns_each_importing_only_those_below():
+    loose = sorted(p.name for p in (PACKAGE / "pipeline").glob("*.py") if p.name != "__init__.py")
+    folders = {p.name for p in (PACKAGE / "pipeline").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert loose == [] and folders == set(PIPELINE), "a pipeline module belongs to one concern's folder"
+    graph = import_graph()
+    upward = sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        for t in targets
+        if concern(m) is not None and concern(t) is not None and concern(t) > concern(m)
+    )
+    assert upward == []
+
+
 def test_generic_code_never_imports_a_paper():
     generic = [
         m for m in import_graph().items() if not m[0].startswith(("specbench.papers", "specbench.cli"))
@@ -144,3 +172,26 @@ def test_long_modules_say_why():
         if lines > MAX_LINES:
             docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
             assert "on purpose" in docstring, f"{path}: {lines} lines; split it or say why in its docstring"
+
+
+def test_generic_code_names_no_method():
+    """What the pipeline, the recipe and the commands need of a method is declared on it (its pass
+    rule, theory, extra metrics, whether it is the baseline): none of them spells a method's name, and
+    the baseline's name is spelled once, as specbench.methods.BASELINE."""
+    from specbench.methods import METHODS
+
+    def constants(path: Path) -> list[tuple[int, str]]:
+        tree = ast.parse(path.read_text())
+        return [
+            (n.lineno, n.value) for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in METHODS
+        ]
+
+    generic = [PACKAGE / room for room in ("pipeline", "recipe", "cli")]
+    named = [f"{p}:{line} {v!r}" for room in generic for p in room.rglob("*.py") for line, v in constants(p)]
+    assert named == []
+    baseline = [
+        p.relative_to(PACKAGE)
+        for p in PACKAGE.rglob("*.py")
+        if any(v == "autoregressive" for _, v in constants(p))
+    ]
+    assert baseline == [Path("methods.py")]

@@ -15,13 +15,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import tiny_recipes
 import torch
 from conftest import ENGINES, engine_model, model_roles
 from test_acceptance import P, Q, assert_matches, exact_joint, softmax_at
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from specbench.decoding import autoregressive, cascade_drafting
+from specbench.decoding import autoregressive, cascade_drafting, cascade_tree
 from specbench.decoding.acceptance import speculative_accept
 from specbench.decoding.cascade_drafting import (
     cumulative_from_increments,
@@ -333,20 +334,20 @@ def test_sibling_tree_gives_each_chain_token_its_laws_next_candidates():
             [0.0, 0.0, 0.0, 0.0, 1.0, 0.0],  # one-hot (Max-Gram): no sibling
         ]
     )
-    tree = cascade_drafting.sibling_tree(drafts, q, 4, 32, SamplingParams(), None)
+    tree = cascade_tree.sibling_tree(drafts, q, 4, 32, SamplingParams(), None)
     assert tree.tokens.tolist() == [3, 2, 4, 1, 1, 4, 4]
     assert tree.parents == (-1, -1, -1, -1, 0, 0, 4)
     assert tree.depth == 3 and tree.q is None
-    assert cascade_drafting.chain_prefix(tree, [0, 4, 6]) == 3
-    assert cascade_drafting.chain_prefix(tree, [0, 5]) == 1
-    assert cascade_drafting.chain_prefix(tree, [2]) == 0
+    assert cascade_tree.chain_prefix(tree, [0, 4, 6]) == 3
+    assert cascade_tree.chain_prefix(tree, [0, 5]) == 1
+    assert cascade_tree.chain_prefix(tree, [2]) == 0
     # nodes caps the chain first, then the siblings from the first position on
-    cut = cascade_drafting.sibling_tree(drafts, q, 4, 5, SamplingParams(), None)
+    cut = cascade_tree.sibling_tree(drafts, q, 4, 5, SamplingParams(), None)
     assert cut.tokens.tolist() == [3, 2, 4, 1, 4] and cut.parents == (-1, -1, -1, 0, 3)
-    short = cascade_drafting.sibling_tree(drafts, q, 4, 2, SamplingParams(), None)
+    short = cascade_tree.sibling_tree(drafts, q, 4, 2, SamplingParams(), None)
     assert short.tokens.tolist() == [3, 1] and short.parents == (-1, 0)
     # sampled: siblings are drawn from the law without the chain token, and carry the law
-    sampled = cascade_drafting.sibling_tree(
+    sampled = cascade_tree.sibling_tree(
         drafts, q, 8, 32, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0)
     )
     assert sorted(sampled.tokens[1:5].tolist()) == [1, 2, 4, 5] and sampled.tokens[5] == 1
@@ -495,25 +496,20 @@ def test_generate_rejects_a_malformed_k(weights):
 
 
 def recipe(method: dict | None = None, **fields) -> dict:
-    cs = {"name": "cs", "method": "cs_drafting", "target": "target", "drafters": ["d1", "d2", "mag"]}
-    if "params" not in fields and "grid" not in fields:
-        cs["params"] = {"K": [[2, 4], [0, 3]]}
-    data = {
-        "name": "t",
-        "generation": {"max_new_tokens": 16},
-        "models": {
-            "target": {"source": "tiny-llama"},
-            "d1": {"source": "tiny-llama", "options": {"layers": 1}, "cost": {"pw": 0.2}},
-            "d2": {"source": "tiny-llama", "options": {"hidden_size": 16}},
-            "mag": {"source": "maxgram"},
-            "lookup": {"source": "prompt-lookup"},
+    cs = tiny_recipes.cs_drafting(["d1", "d2", "mag"], [[2, 4], [0, 3]])
+    if "params" in fields or "grid" in fields:
+        del cs["params"]
+    data = tiny_recipes.recipe(
+        "t",
+        {
+            "target": tiny_recipes.tiny(dtype=None),
+            "d1": tiny_recipes.tiny(dtype=None, layers=1) | {"cost": {"pw": 0.2}},
+            "d2": tiny_recipes.tiny(dtype=None, hidden_size=16),
+            "mag": tiny_recipes.maxgram(),
+            "lookup": tiny_recipes.lookup(),
         },
-        "datasets": [{"task": "arithmetic", "limit": 2}],
-        "methods": [
-            {"name": "sd", "method": "speculative", "target": "target", "drafter": "d1"},
-            method if method is not None else cs | fields,
-        ],
-    }
+        [tiny_recipes.speculative("d1", None), method if method is not None else cs | fields],
+    )
     return without_unused_models(data)
 
 

@@ -1,4 +1,4 @@
-"""The theory's expectation of a measured cell (specbench.pipeline.theory): exact against the papers'
+"""The theory's expectation of a measured cell (specbench.decoding.theory): exact against the papers'
 closed forms where they apply, against a simulation of Algorithm 1's rule where they do not, and
 within 5% of every committed offline run's measured SWI (issue 27's goal)."""
 
@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from specbench.decoding import theory
 from specbench.papers.cs_drafting import theory as paper
-from specbench.pipeline import theory
-from specbench.pipeline.summary import summarise
+from specbench.pipeline.analysis.summary import summarise
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -180,7 +180,7 @@ def test_the_theory_is_within_5_percent_of_every_committed_cell(run):
 
 
 def test_a_report_gives_a_run_committed_before_the_cascades_theory_its_theory():
-    from specbench.pipeline.report import load_cells
+    from specbench.pipeline.views.report import load_cells
 
     run = RESULTS / "cs_drafting" / "table2_smollm2_offline"
     before = (run / "cells.csv").read_text()

@@ -291,7 +291,7 @@ def test_importing_specbench_never_imports_ray():
     import sys
 
     code = (
-        "import sys, specbench.cli, specbench.pipeline.runner, specbench.pipeline.ray_executor; "
+        "import sys, specbench.cli, specbench.pipeline.run.runner, specbench.pipeline.run.ray_executor; "
         "sys.exit('ray' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0

@@ -12,8 +12,8 @@ from conftest import TWO_CELL_RECIPE
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from specbench.pipeline.compare import compare_frame, labels, load_run
-from specbench.pipeline.summary import write_cells_csv
+from specbench.pipeline.analysis.summary import write_cells_csv
+from specbench.pipeline.views.compare import compare_frame, labels, load_run
 
 runner = CliRunner()
 
@@ -89,7 +89,8 @@ def test_older_cells_csv_without_intervals_shows_the_value_alone(tmp_path: Path)
     old.drop(columns=[c for c in old.columns if c.endswith(("_low", "_high"))]).to_csv(
         b / "cells.csv", index=False
     )
-    (b / "cells.sha256").unlink()  # files from before the intervals had no checksum either
+    (b / "cells.sha256").unlink()  # files from before the intervals had no checksum either,
+    (b / "checksums.json").unlink()  # nor the record that their directory writes one
     rows = _by_method(compare_frame([("a", load_run(a)), ("b", load_run(b))]))
     assert rows["sd"]["b speedup"] == "2.50x" and rows["sd"]["b SWI MS"] == "1.67"
     assert rows["sd"]["a speedup"] == "2.00x [2.00, 2.00]"
@@ -146,7 +147,7 @@ RECIPE = TWO_CELL_RECIPE.replace("name: two-cells", "name: experiment")
 
 
 def _measured(tmp_path: Path, name: str, text: str = RECIPE) -> Path:
-    from specbench.pipeline.runner import Runner
+    from specbench.pipeline.run.runner import Runner
     from specbench.recipe import load_recipe
 
     recipe = tmp_path / f"{name}.yaml"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tiny_recipes
 import torch
 from conftest import TWO_CELL_RECIPE
 from typer.testing import CliRunner
@@ -17,8 +18,8 @@ from specbench.cli import app
 from specbench.errors import SpecbenchError
 from specbench.models.base import ForwardCounter
 from specbench.models.tiny import build_tiny
-from specbench.pipeline import cost_model, prediction, probe
-from specbench.pipeline.results import read_examples
+from specbench.pipeline.analysis import cost_model, prediction, profiles
+from specbench.pipeline.records.results import read_examples
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,7 +177,7 @@ def test_held_out_predictions_are_exact_when_one_linear_cost_made_the_times():
 
 
 def test_summary_carries_the_held_out_prediction_beside_the_measured_speedup():
-    from specbench.pipeline.summary import summarise
+    from specbench.pipeline.analysis.summary import summarise
 
     rows = _synthetic_rows(cost_model.Linear(0.018, 0.02, 5e-4, 1e-5, 0.0), loop_per_step=1e-3)
     for row in rows:
@@ -195,25 +196,41 @@ def test_summary_carries_the_held_out_prediction_beside_the_measured_speedup():
     assert table.loc["sd", "speedup_prediction_error"] == pytest.approx(0, abs=1e-6)
 
 
+SMOLLM2 = {"source": "smollm2-135m-instruct", "revision": None, "options": {}}
+
+
 def test_a_probe_profile_prices_a_run_and_names_what_it_lacks(tmp_path):
+    """A profile prices a run's model by its recipe name and weights (format 2) or, as profiles of
+    format 1 did, by its source; a profile without an entry for a run's model is of other models."""
     entry = {"table": {"sizes": [1, 5, 100], "alpha": [0.02, 0.022, 0.06], "gamma": [1e-5, 1e-5, 1e-5]}}
-    profile = {"format": probe.FORMAT, "kind": "probe", "models": {"smollm2-135m-instruct": entry}}
-    table = prediction.predict_run(COMMITTED, profile)
+    by_name = {
+        "format": profiles.FORMAT,
+        "kind": "probe",
+        "models": {"smollm2": entry | {"identity": SMOLLM2}},
+    }
+    by_source = {"format": profiles.FORMAT_BY_SOURCE, "kind": "probe", "models": {SMOLLM2["source"]: entry}}
+    table = prediction.predict_run(COMMITTED, by_name)
     assert set(table["cell"]) == {"ar", "sd-lookup[k=4]", "hf-lookup"}
     assert (table["tokens_per_s_predicted"] > 0).all()
-    other = {"format": probe.FORMAT, "kind": "probe", "models": {"tiny-llama": entry}}
-    with pytest.raises(SpecbenchError, match="models.smollm2.*not in the profile.*specbench probe"):
-        prediction.predict_run(COMMITTED, other)
+    assert table.equals(prediction.predict_run(COMMITTED, by_source))
+    for other in (dict(by_name, models={"tiny": entry}), dict(by_source, models={"tiny-llama": entry})):
+        with pytest.raises(SpecbenchError, match="no entry for the run's model 'smollm2'.*specbench probe"):
+            prediction.predict_run(COMMITTED, other)
+    tiny = dict(by_name, models={"smollm2": entry | {"identity": SMOLLM2 | {"source": "tiny-llama"}}})
+    with pytest.raises(
+        SpecbenchError, match="models.smollm2.identity: the profile's 'smollm2' is other weights"
+    ):
+        prediction.predict_run(COMMITTED, tiny)
 
 
 def test_profiles_are_read_from_files_or_named_devices(tmp_path):
-    assert probe.read_profile("h100")["kind"] == "roofline"
+    assert profiles.read_profile("h100")["kind"] == "roofline"
     with pytest.raises(SpecbenchError, match="neither a profile file nor a known device.*h100"):
-        probe.read_profile(str(tmp_path / "missing.json"))
+        profiles.read_profile(str(tmp_path / "missing.json"))
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "other"}')
     with pytest.raises(SpecbenchError, match="format is not"):
-        probe.read_profile(str(bad))
+        profiles.read_profile(str(bad))
 
 
 def test_probe_then_predict_from_the_command_line(tmp_path):
@@ -245,8 +262,13 @@ def test_probe_then_predict_from_the_command_line(tmp_path):
     )
     assert probed.exit_code == 0, probed.output
     written = json.loads(profile.read_text())
-    assert written["format"] == probe.FORMAT and written["machine"]["id"]
-    entry = written["models"]["tiny-llama"]
+    assert written["format"] == profiles.FORMAT and written["machine"]["id"]
+    entry = written["models"]["target"]  # by the recipe's name, with the model's weights
+    assert entry["identity"] == {
+        "source": "tiny-llama",
+        "revision": None,
+        "options": {"seed": 1, "init_std": 0.3},
+    }
     assert [p[:2] for p in entry["points"]] == [[1.0, 5.0], [1.0, 17.0], [3.0, 5.0], [3.0, 17.0]]
     assert entry["dtype"] == "float64" and entry["engine"] == "eager"
 
@@ -259,6 +281,11 @@ def test_probe_then_predict_from_the_command_line(tmp_path):
     assert no_fp64.exit_code == 2 and "no peak FLOP/s for float64" in no_fp64.output
     roof = runner.invoke(app, ["predict", str(out), "--profile", "h100", "--dtype", "bfloat16", "-f", "csv"])
     assert roof.exit_code == 0, roof.output  # priced from the models' facts and the H100's figures
+    # --dtype prices by a roofline: with a probe's entries it would change nothing, so it is refused
+    ignored = runner.invoke(app, ["predict", str(out), "--profile", str(profile), "--dtype", "float32"])
+    assert ignored.exit_code == 2 and "--dtype" in ignored.output and "--roofline" in ignored.output
+    measured_roof = ["predict", str(out), "--profile", str(profile), "--roofline", "--dtype", "float64"]
+    assert runner.invoke(app, measured_roof).exit_code == 0  # the probe's measured roofline, in float64
     assert written["roofline"]["bandwidth"] > 0 and written["roofline"]["peak_flops"]["float64"] > 0
     as_csv = runner.invoke(app, ["predict", str(out), "--profile", str(profile), "--format", "csv"])
     assert as_csv.output.splitlines()[0].startswith("dataset,cell,rows,tokens_per_s")
@@ -270,6 +297,9 @@ def test_probe_then_predict_from_the_command_line(tmp_path):
         (["--profile", "tpu-v9"], "neither a profile file nor a known device"),
         (["--loop", "sometimes"], "--loop: unknown value"),
         (["--against", "elsewhere"], "--against: needs --profile"),
+        (["--dtype", "bfloat16"], "--dtype: prices by a profile's roofline: needs --profile"),
+        (["--roofline"], "--roofline: prices by a profile's roofline: needs --profile"),
+        (["--profile", "h100", "--dtype", "int3"], "--dtype: unknown dtype 'int3'"),
     ],
 )
 def test_bad_predict_input_is_one_line(arguments, message):
@@ -321,17 +351,19 @@ def test_every_committed_run_is_predicted_held_out(run):
     assert (table["tokens_per_s_predicted"] > 0).all()
 
 
-def test_a_probe_profile_with_roofline_figures_prices_models_it_did_not_probe():
-    profile = probe.read_profile(str(COMMITTED.parent / "profile_bfloat16_eager.json"))
+def test_a_probe_profile_with_roofline_figures_prices_models_it_did_not_probe_only_when_asked():
+    profile = profiles.read_profile(str(COMMITTED.parent / "profile_bfloat16_eager.json"))
     assert profile["roofline"]["bandwidth"] > 0
     probed = prediction.predict_run(COMMITTED, profile)
     roofline = prediction.predict_run(COMMITTED, profile, roofline=True)
     ar = roofline["method"] == "autoregressive"
     # a SmolLM2 pass here is far from the CPU's bounds: the roofline is faster than the probe
     assert (roofline.loc[ar, "tokens_per_s_predicted"] > 2 * probed.loc[ar, "tokens_per_s_predicted"]).all()
-    unprobed = dict(profile, models={})  # a model the profile did not probe: its roofline
-    fallback = prediction.predict_run(COMMITTED, unprobed, loop=False)
-    assert fallback.equals(prediction.predict_run(COMMITTED, profile, loop=False, roofline=True))
+    unprobed = dict(profile, models={})  # a profile of other models: refused, --roofline named as the way
+    with pytest.raises(SpecbenchError, match="no entry for the run's model 'smollm2'.*or add --roofline"):
+        prediction.predict_run(COMMITTED, unprobed, loop=False)
+    everything = prediction.predict_run(COMMITTED, unprobed, loop=False, roofline=True)
+    assert everything.equals(prediction.predict_run(COMMITTED, profile, loop=False, roofline=True))
     with pytest.raises(SpecbenchError, match="no roofline figures.*probe again with --roofline"):
         prediction.predict_run(COMMITTED, dict(profile, roofline=None), roofline=True)
 
@@ -339,8 +371,8 @@ def test_a_probe_profile_with_roofline_figures_prices_models_it_did_not_probe():
 def test_the_report_predicts_for_a_cells_csv_written_before_predictions(tmp_path):
     import pandas as pd
 
-    from specbench.pipeline.report import load_cells
-    from specbench.pipeline.results import CELLS, CELLS_SHA, text_checksum
+    from specbench.pipeline.records.results import CELLS, CELLS_SHA, text_checksum
+    from specbench.pipeline.views.report import load_cells
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text(TWO_CELL_RECIPE)
@@ -355,3 +387,165 @@ def test_the_report_predicts_for_a_cells_csv_written_before_predictions(tmp_path
         written.set_index("cell").loc["sd", "speedup_predicted"]
     )
     assert (out / CELLS).read_text() == old  # read, never rewritten
+
+
+# -- a profile is bound to the models it probed; --against to the same experiment ------------------------
+
+ONE_SOURCE_TWICE = tiny_recipes.recipe(
+    "one-source-twice",  # every tiny recipe: the target and its drafter are both tiny-llama
+    {"target": tiny_recipes.tiny(seed=1, init_std=0.3), "draft": tiny_recipes.tiny(layers=1)},
+    [tiny_recipes.ar(), tiny_recipes.speculative(k=2)],
+    limit=2,
+    max_new_tokens=8,
+    temperature=0.0,
+    seed=0,
+    warmup=0,
+)
+
+
+def test_a_recipe_naming_one_source_twice_gets_each_models_own_prices(tmp_path):
+    """probe keyed its profile by source, so the drafter's entry priced the target; now each recipe
+    model has its own entry, and a profile of format 1 for such a run is refused as ambiguous."""
+    import yaml
+
+    from specbench.pipeline.records.results import read_environment
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(ONE_SOURCE_TWICE))
+    out, profile_path = tmp_path / "run", tmp_path / "p.json"
+    assert runner.invoke(app, ["run", str(recipe), "-o", str(out)]).exit_code == 0
+    grid = ["--sizes", "1,3", "--contexts", "4,16", "--rounds", "1"]
+    probed = runner.invoke(app, ["probe", str(recipe), "--out", str(profile_path), *grid])
+    assert probed.exit_code == 0, probed.output
+    profile = profiles.read_profile(str(profile_path))
+    target, draft = profile["models"]["target"], profile["models"]["draft"]
+    assert target["source"] == draft["source"] == "tiny-llama"
+    assert target["identity"] != draft["identity"] and target["parameters"] > draft["parameters"]
+    costs = prediction.run_costs(out, read_environment(out), profile)
+    assert costs["target"].cost == profiles.probed_cost(target)
+    assert costs["draft"].cost == profiles.probed_cost(draft)
+    assert costs["target"].cost != costs["draft"].cost
+    old = {k: v for k, v in profile.items() if k != "models"} | {"format": profiles.FORMAT_BY_SOURCE}
+    old["models"] = {"tiny-llama": draft}  # what format 1 kept: the last model probed of that source
+    with pytest.raises(SpecbenchError, match="models.tiny-llama: is keyed by source.*cannot tell which"):
+        prediction.predict_run(out, old)
+
+
+def test_a_profile_of_format_1_still_prices_a_run_that_loads_its_source_once(monkeypatch):
+    """The committed profiles (format 1, by source) give the committed carried predictions
+    (results/prediction/carried.md) unchanged."""
+    monkeypatch.syspath_prepend(str(ROOT))  # scripts/ sits beside the package, not in it
+    from scripts.prediction import validate
+
+    assert validate.carried() + "\n" == (ROOT / "results/prediction/carried.md").read_text()
+
+
+@pytest.mark.parametrize("field", ["alpha", "gamma"])
+@pytest.mark.parametrize("value", [-0.1, float("nan"), float("inf")])
+def test_a_profile_with_a_negative_or_nan_cost_is_refused(tmp_path, field, value):
+    profile = json.loads((COMMITTED.parent / "profile_float32_eager.json").read_text())
+    profile["models"]["smollm2-135m-instruct"]["table"][field][0] = value
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile))
+    result = runner.invoke(app, ["predict", str(COMMITTED), "--profile", str(path)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"models.smollm2-135m-instruct.table.{field}" in " ".join(result.output.split())
+
+
+def test_a_probes_fit_is_never_negative():
+    # a cost that grows faster than linearly in the context: least squares would cut alpha below 0
+    points = [(1.0, c, 1e-9 * c * c) for c in (10.0, 500.0, 1000.0)]
+    table = cost_model.fit_size_table(points)
+    assert table.alpha[0] == 0 and table.gamma[0] > 0
+    assert all(table.pass_seconds(1, c) > 0 for _, c, _ in points)
+
+
+def test_a_size_table_never_extrapolates_below_its_largest_size():
+    """A noisy probe of a tiny model can time 3 tokens faster than 1 (here 0.94 against 1.16 ms): the
+    line through the two priced a 20-token prefill at -0.9 ms, and a whole AR cell below zero."""
+    table = cost_model.SizeTable((1.0, 3.0), (0.00116, 0.00094), (0.0, 0.0))
+    assert table.pass_seconds(20, 0) == pytest.approx(0.00094)
+    rising = cost_model.SizeTable((1.0, 3.0), (0.001, 0.002), (0.0, 0.0))
+    assert rising.pass_seconds(5, 0) == pytest.approx(0.003)  # extrapolated where it rises
+
+
+P = COMMITTED.parent
+README_RUN = ROOT / "results" / "demo" / "amd-epyc-avx512-bf16"  # measured on an EPYC of family 25
+
+
+@pytest.mark.parametrize(
+    ("run", "profile", "against", "message"),
+    [
+        (P / "demo", "profile_float32_eager.json", P / "demo_float32", None),  # carried to float32, there
+        (README_RUN, "profile_bfloat16_eager.json", P / "demo", None),  # results/prediction/README.md
+        (P / "demo", "profile_bfloat16_eager.json", P / "demo_float32", "measured smollm2 in float32 eager"),
+        (P / "demo", "profile_bfloat16_eager.json", P / "demo_compiled", "in bfloat16 compiled, and the"),
+        (P / "quickstart", "profile_bfloat16_eager.json", P / "demo", "measured another experiment"),
+        (P / "demo", "profile_bfloat16_eager.json", README_RUN, "was measured on AMD EPYC (family 25"),
+        (P / "demo", "profile_bfloat16_eager.json", P / "nowhere", "is no run directory"),
+    ],
+)
+def test_against_is_a_run_of_the_same_experiment_measured_where_the_profile_was(
+    run, profile, against, message
+):
+    result = runner.invoke(
+        app, ["predict", str(run), "--profile", str(P / profile), "--against", str(against)]
+    )
+    if message is None:
+        assert result.exit_code == 0, result.output
+        assert "speedup there" in result.output and "nan%" not in result.output
+    else:
+        assert result.exit_code == 2 and "Traceback" not in result.output
+        assert message in " ".join(result.output.split()) and "--against" in result.output
+
+
+def _copy_run(source: Path, to: Path, change) -> Path:
+    """A copy of a committed run with ``change(row)`` applied to its rows (checksums made again)."""
+    import shutil
+
+    from specbench.pipeline.records.results import CHECKSUM, row_checksum
+
+    shutil.copytree(source, to)
+    rows = [json.loads(line) for line in (to / "examples.jsonl").read_text().splitlines()]
+    for row in rows:
+        change(row)
+        row[CHECKSUM] = row_checksum(row)
+    (to / "examples.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return to
+
+
+def test_against_a_run_of_two_machines_is_refused(tmp_path):
+    def elsewhere(row):
+        if row["example_id"] == read_examples(P / "demo")[0]["example_id"]:
+            row["machine"] = "0123456789ab"
+
+    mixed = _copy_run(P / "demo", tmp_path / "mixed", elsewhere)
+    profile = str(P / "profile_bfloat16_eager.json")
+    result = runner.invoke(app, ["predict", str(P / "demo"), "--profile", profile, "--against", str(mixed)])
+    assert result.exit_code == 2 and "holds rows of 2 machines" in " ".join(result.output.split())
+
+
+def test_a_prediction_that_is_no_walltime_is_refused(tmp_path):
+    def faster_than_its_passes(row):  # its passes took ten times its walltime: a negative loop overhead
+        for counts in row["forwards"].values():
+            counts["seconds"] = 10 * counts.get("seconds", 0.0)
+
+    run = _copy_run(P / "demo", tmp_path / "edited", faster_than_its_passes)
+    profile = profiles.read_profile(str(P / "profile_bfloat16_eager.json"))
+    with pytest.raises(SpecbenchError, match="is predicted to take -.* s, which no walltime is"):
+        prediction.predict_run(run, profile)
+    assert (prediction.predict_run(run, profile, loop=False)["walltime_predicted_s"] > 0).all()
+
+
+def test_probe_threads_are_set_and_recorded(tmp_path):
+    """probe --threads once assigned to the frozen recipe (a pydantic error for any value)."""
+    recipe, profile = tmp_path / "r.yaml", tmp_path / "p.json"
+    recipe.write_text(TWO_CELL_RECIPE)
+    before = torch.get_num_threads()
+    try:
+        grid = ["--sizes", "1", "--contexts", "4", "--rounds", "1", "--threads", "1"]
+        result = runner.invoke(app, ["probe", str(recipe), "--out", str(profile), *grid])
+        assert result.exit_code == 0, result.output
+        assert json.loads(profile.read_text())["machine"]["threads"] == 1
+    finally:
+        torch.set_num_threads(before)

@@ -36,7 +36,7 @@ from specbench.papers.specdecpp.efficiency import (
     time_per_token,
 )
 from specbench.papers.specdecpp.tables import specdecpp_reference
-from specbench.pipeline.summary import write_cells_csv
+from specbench.pipeline.analysis.summary import write_cells_csv
 
 runner = CliRunner()
 DATASET = "arithmetic/test"

@@ -10,6 +10,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import tiny_recipes
 import torch
 import yaml
 from conftest import OpCount
@@ -461,21 +462,20 @@ def cached_head(tmp_path, monkeypatch):
 
 
 def recipe(method: str = "eagle", drafter: str = "head", engine: str = "eager") -> dict:
-    return {
-        "name": "eagle",
-        "engine": engine,
-        "generation": {"max_new_tokens": 10},
-        "models": {
-            "target": {"source": "tiny-llama", "dtype": "float64", "options": {"vocab_size": 300}},
+    return tiny_recipes.recipe(
+        "eagle",
+        {
+            "target": tiny_recipes.tiny(vocab_size=300),
             "head": {"source": "eagle:tiny-llama/eagle", "options": {"of": "target"}},
             "medusa": {"source": "medusa:tiny-llama/medusa", "options": {"of": "target"}},
         },
-        "datasets": [{"task": "arithmetic", "limit": 2}],
-        "methods": [
-            {"name": "ar", "method": "autoregressive", "target": "target"},
+        [
+            tiny_recipes.ar(),
             {"name": "e", "method": method, "target": "target", "drafter": drafter, "params": {"depth": 3}},
         ],
-    }
+        max_new_tokens=10,
+        engine=engine,
+    )
 
 
 def run(tmp_path, data: dict, out: str = "out"):

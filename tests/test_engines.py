@@ -12,6 +12,7 @@ import os
 
 import pandas as pd
 import pytest
+import tiny_recipes
 import torch
 import yaml
 from conftest import engine_model
@@ -165,26 +166,14 @@ def test_the_engine_enters_fingerprints_only_when_compiled(tmp_path):
 
 def test_a_compiled_recipe_reports_compile_time_apart_from_walltime(tmp_path):
     recipe = tmp_path / "r.yaml"
-    data = {
-        "name": "compiled",
-        "engine": "compiled",
-        "generation": {"max_new_tokens": 12},
-        "models": {
-            "target": {"source": "tiny-llama", "dtype": "float64", "options": {"vocab_size": 300}},
-            "draft": {"source": "tiny-llama", "dtype": "float64", "options": {"vocab_size": 300, "seed": 1}},
-        },
-        "datasets": [{"task": "arithmetic", "limit": 3}],
-        "methods": [
-            {"name": "ar", "method": "autoregressive", "target": "target"},
-            {
-                "name": "sd",
-                "method": "speculative",
-                "target": "target",
-                "drafter": "draft",
-                "params": {"k": 3},
-            },
-        ],
-    }
+    data = tiny_recipes.recipe(
+        "compiled",
+        {"target": tiny_recipes.tiny(vocab_size=300), "draft": tiny_recipes.tiny(vocab_size=300, seed=1)},
+        [tiny_recipes.ar(), tiny_recipes.speculative(k=3)],
+        limit=3,
+        max_new_tokens=12,
+        engine="compiled",
+    )
     recipe.write_text(yaml.safe_dump(data))
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["run", str(recipe), "--output-dir", str(out)])

@@ -13,8 +13,8 @@ from specbench import sources
 from specbench.errors import SpecbenchError
 from specbench.models import linear
 from specbench.models.hf import HFModel
-from specbench.pipeline.measure import model_request
-from specbench.pipeline.runner import Runner
+from specbench.pipeline.run.measure import model_request
+from specbench.pipeline.run.runner import Runner
 from specbench.recipe import load_recipe
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
@@ -212,7 +212,7 @@ def test_heads_on_a_onednn_target_run_on_onednn_and_stay_lossless(tmp_path):
 def test_bench_times_the_onednn_copies_beside_the_eager_engine():
     from rich.console import Console
 
-    from specbench.pipeline.bench import parse_engines, print_bench, run_bench
+    from specbench.pipeline.experiments.bench import parse_engines, print_bench, run_bench
 
     with pytest.raises(SpecbenchError, match="unknown engine 'mkl'.*use eager, compiled, onednn"):
         parse_engines("eager,mkl")
@@ -233,7 +233,7 @@ def test_bench_times_the_onednn_copies_beside_the_eager_engine():
 
 
 def test_prediction_tables_name_the_library_a_run_used():
-    from specbench.pipeline.prediction_view import model_setups
+    from specbench.pipeline.views.prediction_view import model_setups
 
     models = {
         "a": {"parameters": 9, "dtype": "torch.float32", "engine": "eager", "linear": "onednn"},

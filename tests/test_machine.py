@@ -14,9 +14,9 @@ from specbench.cli import app
 from specbench.errors import SpecbenchError
 from specbench.models import machine as machine_module
 from specbench.models.machine import Machine, recorded_machine, session_machine, this_machine
-from specbench.pipeline.report import display_frame, load_cells
-from specbench.pipeline.results import machines_of
-from specbench.pipeline.runner import Runner
+from specbench.pipeline.records.results import machines_of
+from specbench.pipeline.run.runner import Runner
+from specbench.pipeline.views.report import display_frame, load_cells
 from specbench.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ def measured(tmp_path: Path) -> Path:
 
 def _elsewhere(monkeypatch, machine: Machine = OTHER) -> None:
     """Make this process measure as ``machine`` (runs, environment.json and rows ask machine.py)."""
-    for module in ("specbench.pipeline.measure", "specbench.pipeline.environment"):
+    for module in ("specbench.pipeline.run.measure", "specbench.pipeline.run.environment"):
         monkeypatch.setattr(f"{module}.this_machine", lambda: machine)
 
 
@@ -199,7 +199,7 @@ def test_the_run_help_keeps_the_ray_extra_in_brackets():
 def test_cells_that_run_transformers_generate_are_eager_and_never_compiled(tmp_path: Path, monkeypatch):
     """In a recipe with engine: compiled, HF's prompt lookup calls generate on the eager module: its
     cell compiles nothing, is charged no compile time and reports engine eager."""
-    from specbench.pipeline.measure import CellModels, Measurer
+    from specbench.pipeline.run.measure import CellModels, Measurer
 
     text = RECIPE.replace("seed: 0\n", "seed: 0\nengine: compiled\n").replace(
         "dtype: float64", "dtype: float32"
@@ -259,7 +259,7 @@ def test_cells_measured_on_a_loaded_machine_are_flagged(tmp_path: Path, monkeypa
         t = next(clock)
         return CpuTimes(busy=2.0 * t, own=1.0 * t, at=float(t))
 
-    monkeypatch.setattr("specbench.pipeline.measure.cpu_times", loaded)
+    monkeypatch.setattr("specbench.pipeline.run.measure.cpu_times", loaded)
     _elsewhere(monkeypatch, dataclasses.replace(OTHER, cores=2, threads=2))
     out = tmp_path / "loaded"
     Runner(_recipe(tmp_path), out).run()
@@ -332,7 +332,7 @@ def test_a_resume_with_a_recipe_that_drops_recorded_rows_is_refused_and_loses_no
 
 
 def test_a_row_edited_by_hand_is_named_and_a_resume_measures_it_again(measured: Path, tmp_path: Path):
-    from specbench.pipeline.results import ExampleLog
+    from specbench.pipeline.records.results import ExampleLog
 
     path = measured / "examples.jsonl"
     lines = path.read_text().splitlines()

@@ -9,6 +9,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import tiny_recipes
 import torch
 import yaml
 from rich.progress import Progress
@@ -122,27 +123,20 @@ def write_heads(cache, target_source: str, hidden: int, vocab: int, heads: int =
 
 
 def recipe(tmp_path, method: str = "medusa", drafter: str = "heads", of: str = "target") -> dict:
-    return {
-        "name": "medusa",
-        "generation": {"max_new_tokens": 10},
-        "models": {
-            "target": {"source": "tiny-llama", "dtype": "float64", "options": {"vocab_size": 300}},
+    return tiny_recipes.recipe(
+        "medusa",
+        {
+            "target": tiny_recipes.tiny(vocab_size=300),
             "heads": {"source": "medusa:tiny-llama/medusa", "options": {"of": of}},
-            "draft": {"source": "tiny-llama", "dtype": "float64", "options": {"vocab_size": 300, "seed": 1}},
+            "draft": tiny_recipes.tiny(vocab_size=300, seed=1),
         },
-        "datasets": [{"task": "arithmetic", "limit": 2}],
-        "methods": [
-            {"name": "ar", "method": "autoregressive", "target": "target"},
+        [
+            tiny_recipes.ar(),
             {"name": "m", "method": method, "target": "target", "drafter": drafter, "params": {"depth": 2}},
-            {
-                "name": "sd",
-                "method": "speculative",
-                "target": "target",
-                "drafter": "draft",
-                "params": {"k": 2},
-            },
+            tiny_recipes.speculative(k=2),
         ],
-    }
+        max_new_tokens=10,
+    )
 
 
 def run(tmp_path, data: dict, out: str = "out"):

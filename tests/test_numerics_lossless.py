@@ -1,6 +1,7 @@
-"""The lossless check tells a numerical near-tie from a real mismatch (specbench/pipeline/numerics.py):
-margins at the first divergence under batch and incremental scoring, the dtype's tolerance, the
-classes in rows, cells.csv and the report, and the target's counters left as they were."""
+"""The lossless check tells a numerical near-tie from a real mismatch
+(specbench/pipeline/analysis/numerics.py): margins at the first divergence under batch and incremental
+scoring, the dtype's tolerance, the classes in rows, cells.csv and the report, and the target's
+counters left as they were."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import tiny_recipes
 import torch
 import yaml
 from typer.testing import CliRunner
@@ -22,10 +24,16 @@ from specbench.methods import METHODS, Method, always
 from specbench.models.base import ForwardCounter, Pass
 from specbench.models.hf import HFModel
 from specbench.models.tiny import BYTE_VOCAB, byte_tokenizer
-from specbench.pipeline.numerics import RELATIVE, classify, counter_kept, divergence_fields, tolerance
-from specbench.pipeline.report import display_frame, format_lossless
-from specbench.pipeline.runner import Runner
-from specbench.pipeline.summary import summarise
+from specbench.pipeline.analysis.numerics import (
+    RELATIVE,
+    classify,
+    counter_kept,
+    divergence_fields,
+    tolerance,
+)
+from specbench.pipeline.analysis.summary import summarise
+from specbench.pipeline.run.runner import Runner
+from specbench.pipeline.views.report import display_frame, format_lossless
 from specbench.recipe import parse_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -267,35 +275,18 @@ def test_a_broken_verification_is_a_mismatch(tmp_path):
 
 
 def t5_recipe(seed: int) -> dict:
-    return {
-        "name": f"t5-lossless-{seed}",
-        "seed": seed,
-        "warmup": 0,
-        "generation": {"max_new_tokens": 16, "temperature": 0.0},
-        "models": {
-            "target": {"source": "tiny-t5", "dtype": "float64", "options": {"seed": seed, "layers": 2}},
-            "draft": {"source": "tiny-t5", "dtype": "float64", "options": {"seed": seed, "layers": 1}},
-            "mag": {"source": "maxgram"},
+    return tiny_recipes.recipe(
+        f"t5-lossless-{seed}",
+        {
+            "target": tiny_recipes.tiny("tiny-t5", seed=seed, layers=2),
+            "draft": tiny_recipes.tiny("tiny-t5", seed=seed, layers=1),
+            "mag": tiny_recipes.maxgram(),
         },
-        "datasets": [{"task": "arithmetic", "limit": 2}],
-        "methods": [
-            {"name": "ar", "method": "autoregressive", "target": "target"},
-            {
-                "name": "sd",
-                "method": "speculative",
-                "target": "target",
-                "drafter": "draft",
-                "grid": {"k": [2, 4]},
-            },
-            {
-                "name": "cs",
-                "method": "cs_drafting",
-                "target": "target",
-                "drafters": ["draft", "mag"],
-                "params": {"K": [[3]]},
-            },
-        ],
-    }
+        [tiny_recipes.ar(), tiny_recipes.speculative(), tiny_recipes.cs_drafting(["draft", "mag"], [[3]])],
+        temperature=0.0,
+        seed=seed,
+        warmup=0,
+    )
 
 
 def llama_recipe(seed: int) -> dict:

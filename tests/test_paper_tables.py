@@ -440,7 +440,7 @@ def test_speedups_in_paper_views_carry_their_bootstrap_interval():
 
 def test_a_paired_tokens_per_second_interval_pairs_prompts_and_skips_replayed_rows(tmp_path: Path):
     from specbench.papers.base import Run, paired_interval
-    from specbench.pipeline.statistics import paired_bootstrap_ratio
+    from specbench.pipeline.analysis.statistics import paired_bootstrap_ratio
 
     def row(cell, example, tokens, seconds):
         key = f"{cell}/{example}"

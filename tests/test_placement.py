@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import tiny_recipes
 import torch
 import yaml
 from typer.testing import CliRunner
@@ -38,34 +39,21 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 def _recipe(checkpoint: Path, folder: Path, options: dict) -> Path:
-    data = {
-        "name": "placement",
-        "warmup": 0,
-        "generation": {"max_new_tokens": 10},
-        "models": {
+    data = tiny_recipes.recipe(
+        "placement",
+        {
             "target": {"source": str(checkpoint), "dtype": "float64", "options": options},
             "draft": {"source": str(checkpoint), "dtype": "float64"},
-            "lookup": {"source": "prompt-lookup"},
+            "lookup": tiny_recipes.lookup(),
         },
-        "datasets": [{"task": "arithmetic", "limit": 2}],
-        "methods": [
-            {"name": "ar", "method": "autoregressive", "target": "target"},
-            {
-                "name": "sd",
-                "method": "speculative",
-                "target": "target",
-                "drafter": "draft",
-                "grid": {"k": [3]},
-            },
-            {
-                "name": "pl",
-                "method": "speculative",
-                "target": "target",
-                "drafter": "lookup",
-                "grid": {"k": [2]},
-            },
+        [
+            tiny_recipes.ar(),
+            tiny_recipes.speculative(k=[3]),
+            tiny_recipes.speculative("lookup", [2], name="pl"),
         ],
-    }
+        max_new_tokens=10,
+        warmup=0,
+    )
     path = folder / "recipe.yaml"
     path.write_text(yaml.safe_dump(data))
     return path

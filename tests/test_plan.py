@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from specbench.cli import app
 from specbench.errors import SpecbenchError
 from specbench.models import facts
-from specbench.pipeline import placement, plan
+from specbench.pipeline.planning import placement, plan
 from specbench.recipe import load_recipe, parse_recipe
 from specbench.sources import source_of
 from specbench.tasks import TASKS
@@ -202,7 +202,7 @@ def test_dtype_auto_on_the_cpu_is_planned_as_the_loader_resolves_it(monkeypatch,
 
 
 def test_a_cost_profile_gives_the_time_per_pass_of_the_models_it_probed():
-    from specbench.pipeline.probe import probed_cost
+    from specbench.pipeline.analysis.profiles import probed_cost
 
     path = ROOT / "results/prediction/amd-epyc-family26-avx512-bf16/profile_bfloat16_eager.json"
     profile = json.loads(path.read_text())
@@ -214,3 +214,120 @@ def test_a_cost_profile_gives_the_time_per_pass_of_the_models_it_probed():
     cost = probed_cost(profile["models"]["smollm2-135m-instruct"])
     assert models["smollm2"]["pass_ms"] == pytest.approx(1000 * cost.pass_seconds(1, after))
     assert models["lookup"]["pass_ms_source"] == "statistical drafter"
+
+
+def _tiny_profile(alpha: dict[str, float], format: str | None = None) -> dict:
+    """A profile of quickstart-tiny's target and draft (both tiny-llama), each at its own price."""
+    from specbench.pipeline.analysis.profiles import FORMAT, weights
+
+    recipe = load_recipe(TINY)
+    models = {
+        name: {
+            "source": "tiny-llama",
+            "identity": weights(recipe.models[name].model_dump(mode="json")),
+            "dtype": "float64",
+            "engine": "eager",
+            "table": {"sizes": [1, 4], "alpha": [ms / 1000, ms / 500], "gamma": [0.0, 0.0]},
+        }
+        for name, ms in alpha.items()
+    }
+    return {"format": format or FORMAT, "kind": "probe", "models": models}
+
+
+def test_a_profile_prices_two_models_of_one_source_apart():
+    """A profile keys each model by its recipe name and weights: quickstart-tiny's target and draft
+    load one source, and each gets its own time per pass (format 1, keyed by source, gave both one)."""
+    from specbench.pipeline.analysis.profiles import FORMAT_BY_SOURCE
+
+    recipe = load_recipe(TINY)
+    bill = plan.build_plan(recipe, plan.Hardware(), profile=_tiny_profile({"target": 30.0, "draft": 3.0}))
+    models = {m["name"]: m for m in bill["models"]}
+    assert models["target"]["pass_ms"] == pytest.approx(30.0) and models["draft"]["pass_ms"] == pytest.approx(
+        3.0
+    )
+    assert models["target"]["pass_ms_source"].startswith("--profile (float64 eager")
+    by_source = _tiny_profile({"draft": 3.0}, FORMAT_BY_SOURCE)
+    by_source["models"] = {"tiny-llama": by_source["models"]["draft"]}
+    with pytest.raises(SpecbenchError, match="keyed by source.*2 configurations.*cannot tell which"):
+        plan.build_plan(recipe, plan.Hardware(), profile=by_source)
+    swapped = _tiny_profile({"target": 30.0})
+    swapped["models"]["target"]["identity"] = _tiny_profile({"draft": 3.0})["models"]["draft"]["identity"]
+    with pytest.raises(
+        SpecbenchError, match="models.target.identity: the profile's 'target' is other weights"
+    ):
+        plan.build_plan(recipe, plan.Hardware(), profile=swapped)
+
+
+def test_plan_refuses_a_profile_with_a_negative_cost(tmp_path):
+    profile = _tiny_profile({"target": 30.0})
+    profile["models"]["target"]["table"]["alpha"][1] = -0.002
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile))
+    result = runner.invoke(app, ["plan", str(TINY), "--profile", str(path)])
+    assert result.exit_code == 2 and "models.target.table.alpha" in " ".join(result.output.split())
+    profile["models"]["target"]["table"]["alpha"][1] = 0.002
+    path.write_text(json.dumps(profile))
+    assert runner.invoke(app, ["plan", str(TINY), "--profile", str(path)]).exit_code == 0
+
+
+def _E(alpha: float, k: int) -> float:  # Leviathan et al. 2023, Eq. 1
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+S1, S3, S4 = 100 / _E(0.5, 1), 100 / _E(0.5, 3), 100 / _E(0.5, 4)
+# (method, params, drafter, drafters) -> passes in the plan's order, and k; T = 100 tokens, α = 0.5
+DECLARED_RULES = [
+    ("autoregressive", {}, None, (), [("t", 100)], None),
+    ("speculative", {"k": 3}, "d", (), [("t", S3), ("d", 3 * S3)], 3),
+    ("hf_assisted", {"k": 3}, "d", (), [("t", S3), ("d", 3 * S3)], 3),
+    ("hf_prompt_lookup", {"k": 3}, None, (), [("t", S3)], 3),
+    ("spec_cascade", {"k": 3}, "d", (), [("t", S3), ("d", 3 * S3)], 3),
+    ("bild", {"k": 3}, "d", (), [("t", S3), ("d", 3 * S3)], 3),
+    ("specdecpp", {"min_length": 3, "max_length": 20}, "d", (), [("t", S3), ("d", 3 * S3)], 3),
+    ("specdecpp", {"min_length": 1, "max_length": 1}, "d", (), [("t", S1), ("d", S1)], 1),
+    ("oracle_sd", {}, "d", (), [("t", 50), ("d", 100)], None),
+    (
+        "cs_drafting",
+        {"K": [[1, 4], [0, 2]], "k_convention": "cumulative"},
+        None,
+        ("d1", "d2", "mag"),
+        [("t", S4), ("d1", S4), ("d2", 4 * S4)],
+        4,
+    ),
+    (
+        "cs_drafting",
+        {"K": [[1, 3], [0, 2]], "k_convention": "increment"},
+        None,
+        ("d1", "d2", "mag"),
+        [("t", S4), ("d1", S4), ("d2", 4 * S4)],
+        4,
+    ),
+    ("token_cascade", {}, "d", (), [("d", 100), ("t", 50)], None),
+    ("seq_cascade", {}, "d", (), [("d", 100), ("t", 50)], None),
+    ("oracle_cascade", {}, "d", (), [("d", 100), ("t", 100)], None),
+    ("tree_speculative", {"depth": 3}, "d", (), [("t", S3), ("d", 3 * S3)], 3),
+    ("medusa", {"depth": 3}, "d", (), [("t", S3), ("d", S3)], 3),
+    ("eagle", {"depth": 3}, "d", (), [("t", S3), ("d", 3 * S3)], 3),
+]
+
+
+@pytest.mark.parametrize("method, params, drafter, drafters, passes, k", DECLARED_RULES, ids=lambda v: str(v))
+def test_each_method_declares_the_passes_plan_expects(method, params, drafter, drafters, passes, k):
+    from types import SimpleNamespace
+
+    cell = SimpleNamespace(method=method, params=params, target="t", drafter=drafter, drafters=drafters)
+    got, got_k = plan.expected_passes(cell, 100, 0.5)
+    assert [(name, pytest.approx(count)) for name, count in passes] == list(got.items()) and got_k == k
+
+
+def test_every_shipped_method_has_a_rule_and_a_method_without_one_is_one_target_pass_a_token():
+    from types import SimpleNamespace
+
+    from specbench.methods import METHODS, Method
+
+    assert {name for name in METHODS if METHODS[name].plan is None} == set()
+    assert {name for name, *_ in DECLARED_RULES} == set(METHODS)
+    bare = Method("bare", "a method that declares no rule", lambda *a: None, {})
+    with METHODS.registered(bare):
+        cell = SimpleNamespace(method="bare", params={}, target="t", drafter="d", drafters=())
+        assert plan.expected_passes(cell, 100, 0.5) == ({"t": 100}, None)

@@ -1,4 +1,4 @@
-"""Committed results cannot go stale silently (``specbench check``, pipeline/provenance.py): every
+"""Committed results cannot go stale silently (``specbench check``, pipeline/run/provenance.py): every
 committed run directory is what today's code measures, or says which commit made it and why it stays."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from specbench.cli import app
 from specbench.models import cache
-from specbench.pipeline.provenance import PROVENANCE, check_run, result_directories
+from specbench.pipeline.run.provenance import PROVENANCE, check_run, result_directories
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -108,7 +108,7 @@ def test_a_new_run_records_its_trained_models_training(tmp_path: Path, monkeypat
     assert sources.identity("distilled:t/small") == cache.trained_identity(folder)
     assert sources.identity("medusa:t/small") == cache.trained_identity(folder)  # heads: the same record
     assert sources.identity("tiny-llama") is None and sources.identity("prompt-lookup") is None
-    from specbench.pipeline.environment import _identity
+    from specbench.pipeline.run.environment import _identity
 
     assert _identity("distilled:t/small") == {"identity": cache.trained_identity(folder)}
     assert _identity("tiny-llama") == {}

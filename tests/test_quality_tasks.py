@@ -13,7 +13,7 @@ import pytest
 import sacrebleu
 
 from specbench.errors import SpecbenchError
-from specbench.pipeline.summary import summarise_cell
+from specbench.pipeline.analysis.summary import summarise_cell
 from specbench.recipe import parse_recipe
 from specbench.tasks import TASKS, Example, get_task, humaneval, mbpp
 from specbench.tasks.metrics import bleu_statistics, corpus_score, rouge2, sentence_bleu, squad_scores
@@ -479,7 +479,7 @@ def test_execute_code_is_an_opt_in_recipe_field(tmp_path):
 
 
 def test_execute_code_on_a_task_without_code_is_an_error(tmp_path, monkeypatch):
-    from specbench.pipeline.runner import Runner
+    from specbench.pipeline.run.runner import Runner
 
     recipe = recipe_with({"task": "gsm8k", "execute_code": True}, tmp_path)
     with pytest.raises(

@@ -219,7 +219,7 @@ def test_the_real_pair_loads_shares_a_tokenizer_and_speculates_losslessly():
     near-ties."""
     from specbench.decoding import autoregressive, speculative
     from specbench.models.base import ModelDrafter
-    from specbench.pipeline.numerics import classify
+    from specbench.pipeline.analysis.numerics import classify
 
     target = sources.load(sources.ModelRequest("target", "qwen2.5-coder-1.5b-instruct", "bfloat16", "cpu"))
     drafter = sources.load(sources.ModelRequest("drafter", "qwen2.5-coder-0.5b-instruct", "bfloat16", "cpu"))

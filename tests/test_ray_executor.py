@@ -49,7 +49,7 @@ def faults(tmp_path_factory):
         import os
         from pathlib import Path
 
-        from specbench.pipeline.measure import Measurer
+        from specbench.pipeline.run.measure import Measurer
 
         real = Measurer.measure
         marks = Path(folder)

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+import tiny_recipes
 import yaml
 
 from specbench.errors import SpecbenchError
@@ -16,24 +17,16 @@ from specbench.recipe import load_recipe, parse_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = {"arithmetic", "gsm8k"}
-BASE = {
-    "name": "t",
-    "generation": {"max_new_tokens": 16},
-    "models": {
-        "target": {"source": "tiny-llama", "dtype": "float64"},
-        "draft": {"source": "tiny-llama", "options": {"layers": 1}, "cost": {"pw": 0.5}},
-        "lookup": {"source": "prompt-lookup"},
+BASE = tiny_recipes.recipe(
+    "t",
+    {
+        "target": tiny_recipes.tiny(),
+        "draft": tiny_recipes.tiny(dtype=None, layers=1) | {"cost": {"pw": 0.5}},
+        "lookup": tiny_recipes.lookup(),
     },
-    "datasets": [{"task": "arithmetic", "limit": 2}],
-    "methods": [
-        {"name": "ar", "method": "autoregressive", "target": "target"},
-        {
-            "name": "sd",
-            "method": "speculative",
-            "target": "target",
-            "drafter": "lookup",
-            "grid": {"k": [1, 4]},
-        },
+    [
+        tiny_recipes.ar(),
+        tiny_recipes.speculative("lookup", [1, 4]),
         {
             "name": "sd-draft",
             "method": "speculative",
@@ -43,7 +36,7 @@ BASE = {
             "grid": {"lenience": [1, 0.5], "k": [2]},
         },
     ],
-}
+)
 
 
 def write(tmp_path: Path, data: dict, name: str = "recipe.yaml") -> Path:
@@ -305,6 +298,15 @@ BAD = {
         "methods[1].params.gamma",
         "no parameter 'gamma'",
     ),
+    "unknown parameter of a later method on an engine target": (
+        changed(
+            models__target__engine="vllm",
+            models__lookup__options={"max_ngram": 3},
+            methods__2__params={"lenience_convention": "leviathan", "gamma": 3},
+        ),
+        "methods[2].params.gamma",
+        "no parameter 'gamma'",
+    ),
     "parameter of a method without any": (
         changed(methods__0__grid={"k": [2]}),
         "methods[0].grid.k",
@@ -484,7 +486,7 @@ def test_shipped_recipes_are_valid_and_their_resolved_form_loads_to_the_same_cel
 
 
 def test_every_samples_across_a_sorted_set_before_the_limit(tmp_path):
-    from specbench.pipeline.runner import Runner
+    from specbench.pipeline.run.runner import Runner
 
     data = copy.deepcopy(BASE)
     data["datasets"] = [{"task": "arithmetic", "every": 5, "limit": 3}]

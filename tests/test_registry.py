@@ -223,6 +223,14 @@ def test_entries_are_discovered_on_first_read_in_module_then_declaration_order(p
     assert things["a"].name == "a" and "z" not in things and f"{name}.a_module" in sys.modules
 
 
+def test_a_module_that_imports_the_registry_itself_declares_nothing(packages, monkeypatch):
+    # e.g. a decoding module doing `from specbench.methods import METHODS` to look methods up
+    name = packages("kinds_reader", {"a_module": "THINGS = Thing('a')", "reader": "THINGS = READ_ME"})
+    things = Registry("thing", name, "THINGS")
+    monkeypatch.setattr("builtins.READ_ME", things, raising=False)
+    assert list(things) == ["a"]
+
+
 def test_a_name_declared_twice_is_refused_naming_both_modules(packages):
     name = packages("kinds_twice", {"first": "THINGS = (Thing('x'),)", "second": "THINGS = Thing('x')"})
     both = r"thing 'x' is declared twice: in kinds_twice.first and in kinds_twice.second"
@@ -275,3 +283,10 @@ def test_every_kind_is_one_registry_in_its_order():
     assert list(PAPERS) == ["cs-drafting-table2", "cs-drafting-table3", "spec-cascades-table2", "specdecpp"]
     assert list(FIGURES) == ["acceptance", "load", "curves", "specdecpp"]  # the order of --figure all
     assert list(TRAINERS) == ["small", "base", "micro", "mini", "medusa", "eagle", "eagle3", "exit"]
+
+
+def test_one_method_is_the_baseline_and_readers_know_its_name():
+    # readers of rows and cells.csv compare with BASELINE without loading the registry
+    from specbench.methods import BASELINE, METHODS
+
+    assert [name for name in METHODS if METHODS[name].baseline] == [BASELINE]

@@ -28,10 +28,10 @@ from specbench.errors import SpecbenchError
 from specbench.models.base import ModelDrafter
 from specbench.models.hf import HFModel
 from specbench.models.replay import ReplayError, ReplayTarget
-from specbench.pipeline.report import render
-from specbench.pipeline.runner import Runner
-from specbench.pipeline.summary import summarise_cell
-from specbench.pipeline.tune import BEST_YAML, TUNE_CSV, tune
+from specbench.pipeline.analysis.summary import summarise_cell
+from specbench.pipeline.experiments.tune import BEST_YAML, TUNE_CSV, tune
+from specbench.pipeline.run.runner import Runner
+from specbench.pipeline.views.report import render
 from specbench.recipe import parse_recipe
 
 ROOT = Path(__file__).resolve().parents[1]

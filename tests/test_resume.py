@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from specbench.errors import SpecbenchError
-from specbench.pipeline.results import REJECTED, ExampleLog
+from specbench.pipeline.records.results import REJECTED, ExampleLog
 
 ROOT = Path(__file__).resolve().parents[1]
 

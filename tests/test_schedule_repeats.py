@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from specbench.cli import app
 from specbench.decoding.generation import Generation
 from specbench.errors import SpecbenchError
-from specbench.pipeline.schedule import work_order
+from specbench.pipeline.run.schedule import work_order
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "recipes" / "quickstart-tiny.yaml"
@@ -130,7 +130,7 @@ def test_a_repeat_that_differs_stops_the_run(tmp_path: Path, monkeypatch):
     with pytest.raises(
         SpecbenchError, match=r"repeats: repeat 2 of cell sd-\w+\[k=2\] .* differs from the first"
     ):
-        from specbench.pipeline.runner import Runner
+        from specbench.pipeline.run.runner import Runner
         from specbench.recipe import load_recipe
 
         loaded = load_recipe(recipe).model_copy(update={"repeats": 2})

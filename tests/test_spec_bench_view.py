@@ -16,9 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from specbench.pipeline.categories import MEAN_ACCEPTED, category_speedups, leaderboard
-from specbench.pipeline.statistics import paired_bootstrap_ratio
-from specbench.pipeline.summary import summarise
+from specbench.pipeline.analysis.statistics import paired_bootstrap_ratio
+from specbench.pipeline.analysis.summary import summarise
+from specbench.pipeline.views.categories import MEAN_ACCEPTED, category_speedups, leaderboard
 
 runner = CliRunner()
 DATASET = "spec_bench/question"

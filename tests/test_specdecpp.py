@@ -539,7 +539,7 @@ def _data_dir(root: Path) -> Path:
 
 
 def test_train_a_tiny_head_and_run_the_tiny_recipe(tmp_path, monkeypatch):
-    from specbench.pipeline.runner import Runner
+    from specbench.pipeline.run.runner import Runner
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     recipe = load_recipe(RECIPES / "llama2_chat_7b_70b-tiny.yaml")

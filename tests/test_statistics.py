@@ -10,21 +10,23 @@ import numpy as np
 import pytest
 
 from specbench.decoding.generation import Generation
-from specbench.pipeline.plots import acceptance_by_position
-from specbench.pipeline.report import display_frame, render
-from specbench.pipeline.results import ExampleLog
-from specbench.pipeline.statistics import (
-    BOOTSTRAP_RESAMPLES,
+from specbench.decoding.steps import (
     acceptance_rates,
     accepted_histogram,
-    bootstrap_ratio,
     mean_accepted_per_step,
+    position_counts,
+)
+from specbench.pipeline.analysis.statistics import (
+    BOOTSTRAP_RESAMPLES,
+    bootstrap_ratio,
     paired_bootstrap_ratio,
     percentiles,
-    position_counts,
     spread,
 )
-from specbench.pipeline.summary import summarise
+from specbench.pipeline.analysis.summary import summarise
+from specbench.pipeline.records.results import ExampleLog
+from specbench.pipeline.views.plots import acceptance_by_position
+from specbench.pipeline.views.report import display_frame, render
 
 # -- spread -------------------------------------------------------------------------------------
 
@@ -251,7 +253,8 @@ def test_plot_table_has_the_conditional_rate(tmp_path):
 
 
 def test_a_report_gives_a_run_written_before_the_intervals_its_swi_intervals_from_the_rows(tmp_path):
-    from specbench.pipeline.report import load_cells
+    from specbench.pipeline.records.results import write_cells
+    from specbench.pipeline.views.report import load_cells
 
     run = tmp_path / "legacy"
     run.mkdir()
@@ -260,7 +263,7 @@ def test_a_report_gives_a_run_written_before_the_intervals_its_swi_intervals_fro
         log.append(row)
     cells = summarise(toy_rows())
     old = [c for c in cells.columns if c.endswith(("_low", "_high")) or c.startswith("bootstrap_")]
-    cells.drop(columns=old).to_csv(run / "cells.csv", index=False)
+    write_cells(run, cells.drop(columns=old).to_csv(index=False))  # today's rows: their cells.sha256 too
     before = (run / "cells.csv").read_text()
     shown = load_cells(run).set_index("cell")
     for column in ("swi_ms_low", "swi_ms_high", "swi_pw_low", "swi_pw_high"):

@@ -161,8 +161,8 @@ def test_table1_reproduces_paper():
 
 @pytest.mark.parametrize(("alpha", "k", "c"), [(0.3, 1, 0.1), (0.7, 4, 0.05), (0.9, 3, 0.0), (1.0, 2, 0.2)])
 def test_theory_by_position_with_equal_rates_is_the_papers_closed_form(alpha, k, c):
+    from specbench.decoding import theory
     from specbench.papers.cs_drafting.theory import ewif_speculative, expected_tokens_speculative
-    from specbench.pipeline import theory
 
     rates, draft = np.full(theory.LONGEST, alpha), np.eye(k + 1)[k]  # k drafts every step
     assert theory.expected_tokens(rates, draft) == pytest.approx(expected_tokens_speculative(alpha, k))
@@ -181,7 +181,7 @@ def test_the_iid_alpha_is_the_maximum_likelihood_of_the_steps():
 
 
 def test_a_speculative_cells_theory_uses_its_rates_by_position_and_its_drafters_cost():
-    from specbench.pipeline.summary import summarise
+    from specbench.pipeline.analysis.summary import summarise
 
     steps = [[2, 2], [2, 1], [2, 0], [2, 2]] * 5  # position 1: 15/20 accepted; position 2: 10/15
     rows = []

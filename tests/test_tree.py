@@ -9,6 +9,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import tiny_recipes
 import torch
 import yaml
 from conftest import ENGINES, OpCount, engine_model
@@ -209,20 +210,13 @@ def test_sampled_tree_decoding_reproduces_the_target_joint(branch, frontier, tin
 
 def test_a_tree_recipe_runs_lossless_end_to_end(tmp_path):
     recipe = tmp_path / "tree.yaml"
-    data = {
-        "name": "tree",
-        "generation": {"max_new_tokens": 12},
-        "models": {
-            "target": {"source": "tiny-llama", "dtype": "float64", "options": {"vocab_size": 300}},
-            "draft": {"source": "tiny-llama", "dtype": "float64", "options": {"vocab_size": 300, "seed": 1}},
-        },
-        "datasets": [{"task": "arithmetic", "limit": 2}],
-        "methods": [
-            {"name": "ar", "method": "autoregressive", "target": "target"},
-            {"name": "tree", "method": "tree_speculative", "target": "target", "drafter": "draft",
-             "grid": {"depth": [2, 4]}, "params": {"branch": 2, "nodes": 8}},
-        ],
-    }  # fmt: skip
+    tree = {"name": "tree", "method": "tree_speculative", "target": "target", "drafter": "draft"}
+    data = tiny_recipes.recipe(
+        "tree",
+        {"target": tiny_recipes.tiny(vocab_size=300), "draft": tiny_recipes.tiny(vocab_size=300, seed=1)},
+        [tiny_recipes.ar(), tree | {"grid": {"depth": [2, 4]}, "params": {"branch": 2, "nodes": 8}}],
+        max_new_tokens=12,
+    )
     recipe.write_text(yaml.safe_dump(data))
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["run", str(recipe), "--output-dir", str(out)])

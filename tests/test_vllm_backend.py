@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import tiny_recipes
 import yaml
 from typer.testing import CliRunner
 
@@ -153,22 +154,10 @@ def _recipe(tmp_path, **changes) -> dict:
         "generation": {"max_new_tokens": 24},
         "datasets": [{"task": "passages", "limit": 3, "chat_template": False}],
         "methods": [
-            {"name": "ar", "method": "autoregressive", "target": "ours"},
-            {
-                "name": "sd",
-                "method": "speculative",
-                "target": "ours",
-                "drafter": "lookup",
-                "params": {"k": 4},
-            },
-            {"name": "vllm-ar", "method": "autoregressive", "target": "served"},
-            {
-                "name": "vllm-ngram",
-                "method": "speculative",
-                "target": "served",
-                "drafter": "lookup",
-                "params": {"k": 4},
-            },
+            tiny_recipes.ar(target="ours"),
+            tiny_recipes.speculative("lookup", 4, target="ours"),
+            tiny_recipes.ar("vllm-ar", "served"),
+            tiny_recipes.speculative("lookup", 4, name="vllm-ngram", target="served"),
         ],
     }
     for path, value in changes.items():
@@ -456,7 +445,7 @@ def test_prometheus_text_and_the_level_summary():
 
     text = '# HELP x\nvllm:a_total{engine="0"} 2.0\nvllm:a_total{engine="1"} 3.0\nvllm:b 1.5\n'
     assert parse_prometheus(text) == {"vllm:a_total": 5.0, "vllm:b": 1.5}
-    results = [Result(0.0, first=0.1, chunk_times=[0.1, 0.2], tokens=11, ended=1.1) for _ in range(3)]
+    results = [Result(0.0, first=0.1, chunks=2, tokens=11, ended=1.1) for _ in range(3)]
     results.append(Result(0.0, error="HTTP/1.1 500", ended=0.2))
     row = summarize("c", 2, results, 2.0, {"drafts": 5, "draft_tokens": 20, "accepted": 11}, 0.5, 0.05)
     assert row["completed"] == 3 and row["errors"] == 1

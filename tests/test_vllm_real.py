@@ -14,6 +14,7 @@ import subprocess
 
 import pandas as pd
 import pytest
+import tiny_recipes
 import yaml
 from typer.testing import CliRunner
 
@@ -35,10 +36,9 @@ def vllm_here():
 
 
 def _recipe(**extra) -> dict:
-    return {
-        "name": "vllm-real",
-        "generation": {"max_new_tokens": 48},
-        "models": {
+    return tiny_recipes.recipe(
+        "vllm-real",
+        {
             "smollm2": {"source": "smollm2-135m-instruct", "dtype": "float32"},
             "served": {
                 "source": "smollm2-135m-instruct",
@@ -48,27 +48,17 @@ def _recipe(**extra) -> dict:
             },
             "lookup": {"source": "prompt-lookup", "options": {"max_ngram": 3}},
         },
-        "datasets": [{"task": "passages", "limit": 3}],
-        "methods": [
-            {"name": "ar", "method": "autoregressive", "target": "smollm2"},
-            {
-                "name": "sd",
-                "method": "speculative",
-                "target": "smollm2",
-                "drafter": "lookup",
-                "params": {"k": 4},
-            },
-            {"name": "vllm-ar", "method": "autoregressive", "target": "served"},
-            {
-                "name": "vllm-ngram",
-                "method": "speculative",
-                "target": "served",
-                "drafter": "lookup",
-                "params": {"k": 4},
-            },
+        [
+            tiny_recipes.ar(target="smollm2"),
+            tiny_recipes.speculative("lookup", 4, target="smollm2"),
+            tiny_recipes.ar("vllm-ar", "served"),
+            tiny_recipes.speculative("lookup", 4, name="vllm-ngram", target="served"),
         ],
+        limit=3,
+        max_new_tokens=48,
+        task="passages",
         **extra,
-    }
+    )
 
 
 def _workers_left() -> bool:

@@ -1,6 +1,6 @@
 """Spec-Bench's mean accepted tokens per step (#MAT: accepted drafts + 1, over the target's steps) of a
 run's cells by headline category, beside the speedup over AR: what ``specbench report RUN --by
-category`` computes (specbench.pipeline.categories), whose leaderboard shows #MAT overall only.
+category`` computes (specbench.pipeline.views.categories), whose leaderboard shows #MAT overall only.
 
     python -m scripts.heads.by_category RUN > RUN/by_category.txt
 """
@@ -8,8 +8,8 @@ category`` computes (specbench.pipeline.categories), whose leaderboard shows #MA
 import sys
 from pathlib import Path
 
-from specbench.pipeline.categories import OVERALL, category_speedups
-from specbench.pipeline.results import read_examples
+from specbench.pipeline.records.results import read_examples
+from specbench.pipeline.views.categories import OVERALL, category_speedups
 
 
 def main() -> None:

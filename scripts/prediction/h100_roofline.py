@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specbench.pipeline import cost_model, probe
+from specbench.pipeline.analysis import cost_model, profiles
 
 ROOT = Path(__file__).resolve().parents[2]
 K = 4
@@ -23,9 +23,9 @@ DRAFTER_LAYERS = {"h100_tiny-llama-1b_same_k4.txt": 22, "h100_tiny-llama-1b_smal
 
 
 def roofline(parameters: float, layers: int) -> cost_model.Roofline:
-    figures = probe.device_figures()["h100"]
+    figures = profiles.device_figures()["h100"]
     kv = 2 * layers * 4 * 64 * 2  # K and V, 4 KV heads of 64, bf16
-    return probe.roofline_cost(figures, 2 * parameters, parameters, kv, "bfloat16")
+    return profiles.roofline_cost(figures, 2 * parameters, parameters, kv, "bfloat16")
 
 
 def methods(text: str) -> dict[str, tuple[float, float]]:

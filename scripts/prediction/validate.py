@@ -17,9 +17,9 @@ from pathlib import Path
 import pandas as pd
 
 from specbench.models.machine import recorded_machine
-from specbench.pipeline import cost_model, prediction, probe
-from specbench.pipeline.prediction_view import model_setups
-from specbench.pipeline.results import read_examples
+from specbench.pipeline.analysis import cost_model, prediction, profiles
+from specbench.pipeline.records.results import read_examples
+from specbench.pipeline.views.prediction_view import model_setups
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results" / "prediction"
@@ -202,7 +202,7 @@ def carried() -> str:
     summary = []
     for what, source, profile_file, there in CARRIED:
         profile_file, _, roofline = profile_file.partition("#")
-        profile = probe.read_profile(str(RESULTS / profile_file))
+        profile = profiles.read_profile(str(RESULTS / profile_file))
         table = prediction.predict_run(RESULTS / source, profile, roofline=bool(roofline))
         own = prediction.predict_run(RESULTS / there, profile, roofline=bool(roofline))
         table, own = table.set_index(["dataset", "cell"]), own.set_index(["dataset", "cell"])

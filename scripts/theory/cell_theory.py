@@ -4,9 +4,10 @@ cell (MS costs).
     python -m scripts.theory.cell_theory   # writes results/theory/cell_theory.md
 
 theory: E[tokens per target step] / E[cost per step] from the cell's measured acceptance by draft
-position (specbench.pipeline.theory: Leviathan et al. 2023, Theorem 3.8; Chen et al. 2024, Corollary 4.2
-and Theorems 4.3/4.5 for the K-matrix rule, without their i.i.d. assumption); i.i.d.: the same with one
-alpha per reviewer fitted to its steps. Computed from the rows as cells.csv now computes them.
+position (specbench.decoding.theory: Leviathan et al. 2023, Theorem 3.8; Chen et al. 2024,
+Corollary 4.2 and Theorems 4.3/4.5 for the K-matrix rule, without their i.i.d. assumption); i.i.d.:
+the same with one alpha per reviewer fitted to its steps. Computed from the rows as cells.csv now
+computes them.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbench.pipeline.results import read_examples
-from specbench.pipeline.summary import summarise
+from specbench.pipeline.analysis.summary import summarise
+from specbench.pipeline.records.results import read_examples
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("SD, neural drafter", "SD, statistical drafter", "CS Drafting", "Speculative cascade")

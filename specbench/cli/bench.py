@@ -41,7 +41,7 @@ def bench(
     they part at a numerical tie. Greedy decoding.
     """
     from specbench.models.options import parse_loader_options
-    from specbench.pipeline.bench import parse_engines, print_bench, run_bench
+    from specbench.pipeline.experiments.bench import parse_engines, print_bench, run_bench
 
     console = Console()
     if not console.is_terminal:  # piped into a file: do not squeeze the table into 80 columns

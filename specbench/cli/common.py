@@ -1,9 +1,11 @@
-"""What every command shares: one-line user errors, the output folder check, comma-separated integers,
-printing a rendered table, and option help read from a registry only when ``--help`` asks for it."""
+"""What every command shares: one-line user errors, the output folder check, the threads check,
+comma-separated integers, printing a rendered table, and option help read from a registry only when
+``--help`` asks for it."""
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +49,30 @@ def check_output_dir(out: Path) -> None:
             "results would land among other files",
             "name a folder of their own, e.g. -o results/NAME",
         )
+
+
+# --threads above the cores: a warning (the threads take turns on the cores, and the timings show it);
+# this many times the cores or more: an error (thousands of threads only thrash the machine)
+THREADS_FAR_ABOVE_CORES = 4
+
+
+def check_threads(threads: int | None, where: str = "--threads") -> None:
+    """torch's intra-op threads against this machine's cores, before any work: more than
+    THREADS_FAR_ABOVE_CORES times the cores is a one-line error, more than the cores a warning."""
+    cores = os.cpu_count() or 1
+    if threads is None or threads <= cores:
+        return
+    if threads > THREADS_FAR_ABOVE_CORES * cores:
+        raise SpecbenchError(
+            where,
+            f"{threads} threads on a machine of {cores} cores: the threads would only take turns",
+            f"use at most {cores} (one per core), or leave it out for torch's default",
+        )
+    err.print(
+        f"[yellow]warning:[/yellow] {escape(where)}: {threads} threads on {cores} cores: they take turns "
+        "on the cores, and the timings show it",
+        highlight=False,
+    )
 
 
 def int_list(value: str, flag: str, minimum: int = 1) -> list[int]:

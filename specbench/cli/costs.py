@@ -3,13 +3,14 @@ and ``predict`` (a run's cells under another pass cost)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import typer
 from rich.console import Console
 
-from specbench.cli.common import err, int_list, user_errors, write_text
+from specbench.cli.common import check_threads, err, int_list, user_errors, write_text
 from specbench.errors import SpecbenchError
 
 
@@ -49,8 +50,8 @@ def plan(
     profile: Path = typer.Option(
         None,
         "--profile",
-        help="A cost profile (specbench probe): time per pass of the models it probed, by source, as a "
-        "one-token pass after half the recipe's longest sequence.",
+        help="A cost profile (specbench probe): time per pass of the models it probed (by recipe name "
+        "and weights), as a one-token pass after half the recipe's longest sequence.",
     ),
     bandwidth: str = typer.Option("2TB/s", "--bandwidth", help="GPU memory bandwidth for the time rule."),
     cpu_bandwidth: str = typer.Option("20GB/s", "--cpu-bandwidth", help="CPU memory bandwidth, likewise."),
@@ -76,9 +77,9 @@ def plan(
 
     Example: specbench plan recipes/specdecpp/llama2_chat_7b_70b.yaml --gpus 2 --gpu-memory 80GiB
     """
-    from specbench.pipeline import plan as planning
-    from specbench.pipeline.placement import parse_size
-    from specbench.pipeline.plan_view import plan_json, print_plan
+    from specbench.pipeline.planning import plan as planning
+    from specbench.pipeline.planning.placement import parse_size
+    from specbench.pipeline.views.plan_view import plan_json, print_plan
     from specbench.recipe import load_recipe
     from specbench.tasks import TASKS
 
@@ -109,7 +110,7 @@ def plan(
     probed = planning.probe(loaded) if probe else None
     profiled = None
     if profile is not None:
-        from specbench.pipeline.probe import read_profile
+        from specbench.pipeline.analysis.profiles import read_profile
 
         profiled = read_profile(str(profile))
         if profiled["kind"] != "probe":
@@ -156,38 +157,56 @@ def probe(
     Each model loads as `specbench run` would load it (dtype, device, engine); each (tokens, context)
     point is timed in --rounds shuffled rounds and its median kept; per size, time = alpha + gamma x
     context is fitted and the profile records it with its fit quality (R², median and worst relative
-    error), the machine, dtype, engine and versions. `specbench predict RUN --profile FILE` then says
-    what a run measured elsewhere would take here. Example:
+    error), under the model's recipe name with its weights (source, revision, options), dtype and
+    engine, and the machine and versions. `specbench predict RUN --profile FILE` then says what a run
+    measured elsewhere would take here. The grid is bounded before any model loads, and by each model's
+    context before any pass is timed. Example:
     specbench probe recipes/demo.yaml --out profile.json
     """
     import torch
     from rich.progress import Progress
 
-    from specbench import sources
-    from specbench.pipeline import probe as probing
+    from specbench.pipeline.analysis.profiles import write_profile
+    from specbench.pipeline.experiments import probe as probing
     from specbench.recipe import load_recipe
     from specbench.tasks import TASKS
 
+    if out.is_dir():
+        raise SpecbenchError(
+            "--out", f"{out} is a directory", f"name the file to write, e.g. {out / 'profile.json'}"
+        )
+    folder = next(p for p in (out.parent, *out.parent.parents) if p.exists())  # before minutes of probing
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise SpecbenchError(
+            "--out", f"cannot write under {folder} (not a writable folder)", "name another file"
+        )
     loaded = load_recipe(recipe, known_tasks=set(TASKS))
-    if threads is not None:
-        loaded.threads = threads
+    check_threads(
+        threads if threads is not None else loaded.threads, "--threads" if threads else f"{recipe}: threads"
+    )
+    if threads is not None:  # a recipe is frozen: a copy with the threads, as run --threads makes
+        loaded = loaded.model_copy(update={"threads": threads})
     grid = [int_list(sizes, "--sizes"), int_list(contexts, "--contexts", minimum=0)]
-    neural = sum(1 for spec in loaded.models.values() if sources.source_of(spec.source).neural)
+    probing.check_grid(*grid)
+    models = probing.load_models(loaded, *grid)  # checked against each model's context before timing
     with Progress(console=err) as progress:
-        task = progress.add_task("probing", total=neural * rounds * len(grid[0]) * len(grid[1]))
-        profile = probing.probe_recipe(loaded, *grid, rounds=rounds, progress=lambda: progress.advance(task))
+        task = progress.add_task("probing", total=len(models.models) * rounds * len(grid[0]) * len(grid[1]))
+        advance = lambda: progress.advance(task)  # noqa: E731
+        profile = probing.probe_recipe(loaded, *grid, rounds=rounds, progress=advance, loaded=models)
     if roofline:
         dtype = profile["dtype"].split("+")[0] or "float32"
         profile["roofline"] = probing.measure_roofline(dtype) | {"threads": torch.get_num_threads()}
-    probing.write_profile(profile, out)
-    for source, entry in profile["models"].items():
+    write_profile(profile, out)
+    for name, entry in profile["models"].items():
         quality = entry["quality"]
         err.print(
-            f"{source}: {entry['dtype']} {entry['engine']}, one-token pass "
+            f"{name} ({entry['source']}): {entry['dtype']} {entry['engine']}, one-token pass "
             f"{1000 * entry['table']['alpha'][0]:.2f} ms + {1e6 * entry['table']['gamma'][0]:.2f} µs per "
             f"cached position; fit R² {quality['r2']:.4f}, "
             f"median error {100 * quality['median_relative_error']:.1f}%"
         )
+    for name, why in profile.get("not_probed", {}).items():
+        err.print(f"{name}: not probed ({why})")
     err.print(f"profile written to {out}")
 
 
@@ -202,14 +221,23 @@ def predict(
         "rtx3090. Without it: held-out predictions on the machine that measured the run.",
     ),
     against: Path = typer.Option(
-        None, "--against", help="A run of the same recipe measured where the profile was: its speedups."
+        None,
+        "--against",
+        help="A run of the same recipe measured where the profile was (its machine, and each model in the "
+        "dtype and engine the profile prices it in): its speedups. Another experiment is refused.",
     ),
-    dtype: str = typer.Option(None, "--dtype", help="With a roofline: the dtype to cost the models in."),
+    dtype: str = typer.Option(
+        None,
+        "--dtype",
+        help="With a roofline (a device, or --roofline): the dtype to cost the models in. A probe's "
+        "entries are priced in the dtype they were probed in: --dtype with them is refused.",
+    ),
     roofline: bool = typer.Option(
         False,
         "--roofline",
         help="Price every model by the roofline of the profile's device (the bandwidth and peak that "
-        "probe --roofline measured), not by its probed passes. Models a profile did not probe always are.",
+        "probe --roofline measured), not by its probed passes. Without it, a run's model the profile did "
+        "not probe is refused.",
     ),
     loop: str = typer.Option(
         "auto",
@@ -228,8 +256,11 @@ def predict(
     the predicted ones, with the error. Example:
     specbench predict results/demo/amd-epyc-avx512-bf16 --profile profile.json --against runs/demo
     """
-    from specbench.pipeline import prediction_view
+    from specbench.models.facts import DTYPE_BYTES
+    from specbench.pipeline.views import prediction_view
 
+    if dtype is not None and dtype not in DTYPE_BYTES:
+        raise SpecbenchError("--dtype", f"unknown dtype {dtype!r}", f"use one of {', '.join(DTYPE_BYTES)}")
     if loop not in ("auto", "measured", "none"):
         raise SpecbenchError("--loop", f"unknown value {loop!r}", "use auto, measured or none")
     if format not in ("table", "csv", "markdown"):

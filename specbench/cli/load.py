@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from specbench.cli.common import err, user_errors
+from specbench.cli.common import check_output_dir, err, user_errors
 
 
 @user_errors
@@ -23,11 +23,12 @@ def load(
     throughput, TTFT/TPOT/end-to-end p50/p90/p99, goodput under the SLO, acceptance from the server's
     counters, and the speedup over the same engine's AR cell at the same load, into OUTPUT_DIR/load.csv.
     The server is always stopped, on errors and Ctrl-C too. Plot: `specbench plot DIR --figure load`."""
-    from specbench.pipeline.load_run import load_table, run_load
+    from specbench.pipeline.experiments.load_run import load_table, run_load
     from specbench.recipe import load_recipe
     from specbench.tasks import TASKS
 
     spec = load_recipe(recipe, known_tasks=TASKS)
+    check_output_dir(output_dir)
     out = run_load(spec, output_dir, err, resume)
     from specbench.engines.load import read_load
 

@@ -40,29 +40,43 @@ def report(
         help="category: Spec-Bench's leaderboard from examples.jsonl, one row per method cell: speedup "
         "over AR per category (MT-Bench, Translation, Summarization, QA, Math, RAG) and overall, with "
         "paired bootstrap intervals, and #Mean Accepted Tokens. Needs rows that carry a category "
-        "(task spec_bench).",
+        "(task spec_bench). step: where each drafting cell's step goes (the target's pass, the drafters' "
+        "passes, the time outside any pass) and the speedup the target pass alone would allow.",
+    ),
+    baseline: str = typer.Option(
+        None,
+        "--baseline",
+        help="A cell of the run (e.g. ar-compiled, sd-lookup): every cell's tokens/s over that cell's on "
+        "the same examples, with a 95% paired bootstrap interval, and how many outputs differ from it.",
     ),
 ):
     """One table per dataset: method, drafters, k, SWI (MS, PW), tokens/s, speedup, acceptance, quality.
 
     With --paper, the paper's table instead: each paper row beside the best of our matching cells.
-    With --by category, Spec-Bench's leaderboard by category (Xia et al., Findings of ACL 2024).
+    With --by category, Spec-Bench's leaderboard by category (Xia et al., Findings of ACL 2024); with
+    --by step, where each step's time goes. With --baseline CELL, every cell against that cell.
     """
+    chosen = [name for name, value in (("--by", by), ("--paper", paper), ("--baseline", baseline)) if value]
+    if len(chosen) > 1:
+        raise SpecbenchError(chosen[1], f"cannot be combined with {chosen[0]}", "pass one of them")
     if by is not None:
-        if by != "category":
-            raise SpecbenchError("--by", f"unknown breakdown {by!r}", "use --by category")
-        if paper is not None:
-            raise SpecbenchError("--by", "cannot be combined with --paper", "pass one of --by and --paper")
-        from specbench.pipeline.categories import render_categories
+        if by not in ("category", "step"):
+            raise SpecbenchError("--by", f"unknown breakdown {by!r}", "use --by category or --by step")
+        from specbench.pipeline.views.breakdowns import render_steps
+        from specbench.pipeline.views.categories import render_categories
 
-        text = render_categories(results, format)
+        text = render_categories(results, format) if by == "category" else render_steps(results, format)
+    elif baseline is not None:
+        from specbench.pipeline.views.breakdowns import render_against
+
+        text = render_against(results, baseline, format)
     elif paper is not None:
         from specbench.papers.registry import check_paper, render_paper
 
         check_paper(paper)  # a misspelt name is reported before the results are read
         text = render_paper(results, paper, format)
     else:
-        from specbench.pipeline.report import render
+        from specbench.pipeline.views.report import render
 
         text = render(results, format)
     write_text(text)
@@ -92,7 +106,7 @@ def compare(
     examples differ is refused unless --allow-incomparable. Example:
     specbench compare results/quickstart results/quickstart-mine
     """
-    from specbench.pipeline.compare import render_compare
+    from specbench.pipeline.views.compare import render_compare
 
     text = render_compare(runs, format, allow_incomparable=allow_incomparable)
     write_text(text)
@@ -109,26 +123,34 @@ def check(
     For each run directory (one holding examples.jsonl): its resolved_recipe.yaml must still validate,
     must key every recorded row as the row is keyed (a method revision, a changed default or model
     entry changes the keys), and its trained drafters and heads must have been trained as the local
-    copies were (environment.json records a digest of each one's training). A directory kept on
+    copies were (environment.json records a digest of each one's training). First its files are
+    checked as every reader checks them: a row or cells.csv edited since the run wrote it (or a
+    checksum deleted) is "altered", whatever PROVENANCE.md says. A directory kept on
     purpose although stale names, in the first line of its PROVENANCE.md, the commit that made it and
     why it stays. Reads only. Exit 1 when a directory is stale without such a declaration, e.g.
     specbench check results/
     """
     from rich.table import Table
 
-    from specbench.pipeline.provenance import check_run, result_directories
+    from specbench.pipeline.run.provenance import check_run, result_directories
 
     table = Table("run", "state", "why")
     failed = False
     for directory in [d for path in results for d in result_directories(path)]:
         finding = check_run(directory)
-        if not finding.stale:
+        if finding.altered:
+            state, failed = "altered", True
+        elif not finding.stale:
             state = "current"
         elif finding.accepted:
             state = "stale, declared"
         else:
             state, failed = "stale", True
-        why = finding.problems + ([f"PROVENANCE.md: {finding.declared}"] if finding.declared else [])
+        why = (
+            finding.altered
+            + finding.problems
+            + ([f"PROVENANCE.md: {finding.declared}"] if finding.declared else [])
+        )
         text = "\n".join(why + [f"note: {n}" for n in finding.notes])
         table.add_row(escape(str(directory)), state, escape(text))
     Console(width=200).print(table)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from specbench.cli.common import check_output_dir, err, user_errors
+from specbench.cli.common import check_output_dir, check_threads, err, user_errors
 from specbench.errors import SpecbenchError
 
 
@@ -83,8 +83,8 @@ def run(
     ),
 ):
     """Run every cell of RECIPE on every example; write examples.jsonl, cells.csv and run records."""
-    from specbench.pipeline.runner import Runner
-    from specbench.pipeline.schedule import SCHEDULES
+    from specbench.pipeline.run.runner import Runner
+    from specbench.pipeline.run.schedule import SCHEDULES
     from specbench.recipe import load_recipe
     from specbench.tasks import TASKS
 
@@ -92,7 +92,7 @@ def run(
         raise SpecbenchError("--executor", f"unknown executor {executor!r}", "use local or ray")
     workers = None
     if executor == "ray":
-        from specbench.pipeline.ray_executor import RayExecutor
+        from specbench.pipeline.run.ray_executor import RayExecutor
 
         workers = RayExecutor(address, gpus_per_worker)
     elif address is not None or gpus_per_worker is not None:
@@ -106,6 +106,7 @@ def run(
         raise SpecbenchError("--schedule", f"unknown schedule {schedule!r}", f"use {' or '.join(SCHEDULES)}")
     overrides = {"repeats": repeats, "schedule": schedule, "threads": threads}
     loaded = loaded.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+    check_threads(loaded.threads, "--threads" if threads is not None else f"{recipe}: threads")
     out = output_dir or Path("results") / loaded.name
     check_output_dir(out)
     Runner(
@@ -155,7 +156,7 @@ def tune(
         grid: {K: [[[5, 8], [0, 1]], [[5, 9], [0, 1]], [[8, 13], [0, 1]], [[5, 19], [0, 1]]],
         lenience: [1, 3, 5]}
     """
-    from specbench.pipeline.tune import tune as run_tune
+    from specbench.pipeline.experiments.tune import tune as run_tune
     from specbench.recipe import load_recipe
     from specbench.tasks import TASKS
 

@@ -134,7 +134,7 @@ def evaluated_ids(extra: list[str], recipes: list[str], data_dir: str) -> tuple[
     import os
     from unittest import mock
 
-    from specbench.pipeline.datasets import load_datasets
+    from specbench.pipeline.run.datasets import load_datasets
     from specbench.recipe import load_recipe
     from specbench.training.teacher import split_label
 

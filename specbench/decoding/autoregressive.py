@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from specbench.decoding.generation import Generation, Stopwatch, eos_set
-from specbench.methods import Method, Request
+from specbench.methods import BASELINE, TARGET, Method, PassRule, Request
 from specbench.models.base import LanguageModel
 from specbench.models.sampling import SamplingParams
 
@@ -45,4 +45,13 @@ def _run(params: dict, target: LanguageModel, drafter: None, r: Request) -> Gene
     return generate(target, r.prompt_ids, **r.decoding())
 
 
-METHODS = (Method("autoregressive", "one target forward pass per token", _run, {}),)
+METHODS = (
+    Method(
+        BASELINE,
+        "one target forward pass per token",
+        _run,
+        {},
+        baseline=True,
+        plan=PassRule("T target passes", lambda params, tokens, alpha: ([(TARGET, tokens)], None)),
+    ),
+)

@@ -57,18 +57,7 @@ greedily only; sampled, these rows depend on the drafted tokens themselves (and 
 them), so no exact law could be passed up, and ``generate`` refuses the combination.
 
 **Tree attention** (``tree_children`` > 1; the paper's "CS Drafting + Tree Attention", Table 3 and
-Appendix B: "we limit it to only the lead node with the highest probability of having children ...
-the number of children for each leading node being 8, while the other nodes have no children"). The
-target's draft stays the cascade's chain (the leading nodes); before the target's review every chain
-token gets up to ``tree_children`` - 1 siblings, the next candidates of the distribution it was drawn
-from (the law its reviewer passes up: M_d1's row at that position), which are leaves. The target
-scores chain and siblings in one pass under tree attention (:mod:`specbench.models.tree`) and keeps
-the longest path its greedy walk (or recursive rejection sampling, for sampled drafts) accepts, plus
-one token: a rejected chain token may so be replaced by a sibling. Greedy siblings are the next most
-probable tokens; sampled ones are drawn without replacement after the chain token (Gumbel top-k over
-the law without it), which is what the sampled walk needs to keep the target's law. Max-Gram's
-tokens have a one-hot law, hence no siblings. At most ``tree_nodes`` nodes are verified: the chain
-first (cut there if longer), then siblings from the first position on. Decoder-only targets only.
+Appendix B): :mod:`specbench.decoding.cascade_tree`.
 """
 
 from __future__ import annotations
@@ -77,14 +66,14 @@ from collections.abc import Sequence
 
 import torch
 
-from specbench.decoding import tree_speculative
+from specbench.decoding import theory, tree_speculative
 from specbench.decoding.acceptance import greedy_accept, speculative_accept
 from specbench.decoding.cascade_roles import cascade_roles_problem
+from specbench.decoding.cascade_tree import chain_prefix, sibling_tree
 from specbench.decoding.generation import Generation, Stopwatch, commit, eos_set, truncate_at_eos
-from specbench.methods import Method, ParamSpec, Request, always
+from specbench.methods import Method, ParamSpec, PassRule, Request, always, chain_passes
 from specbench.models.base import Drafter, LanguageModel
 from specbench.models.sampling import SamplingParams
-from specbench.models.tree import ROOT, TokenTree
 
 
 def cumulative_from_increments(K: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -251,56 +240,6 @@ def generate(
     return Generation(tokens, walltime, ttft, steps, forwards, stopped, inner_steps)
 
 
-def sibling_tree(
-    drafts: torch.Tensor,
-    q: torch.Tensor | None,
-    children: int,
-    nodes: int,
-    sampling: SamplingParams,
-    generator: torch.Generator | None,
-) -> TokenTree:
-    """The target's chain ``drafts`` with up to ``children`` - 1 sibling leaves per chain token, drawn
-    from the token's law ``q`` (module docstring), in at most ``nodes`` nodes. Node order: chain token
-    i, then its siblings, for i = 0, 1, ...: the chain token of each depth is its first node."""
-    chain = drafts[:nodes]
-    c = chain.shape[0]
-    if c == 0 or q is None:
-        return TokenTree.chain(chain, None if sampling.greedy else q)
-    laws = q[:c]
-    rest = laws.scatter(1, chain[:, None], 0.0)  # the law without the chain token
-    width = min(children - 1, rest.shape[-1] - 1)
-    if sampling.greedy:
-        ranked = torch.topk(rest, width, dim=-1).indices
-    else:  # Gumbel top-k: draws without replacement from the law, after the chain token
-        noise = -torch.log(-torch.log(torch.rand(rest.shape, generator=generator, device=rest.device)))
-        ranked = torch.topk(torch.log(rest) + noise, width, dim=-1).indices
-    drawable = (rest.gather(1, ranked) > 0).tolist()  # the tree's one host sync
-    spare = nodes - c
-    order, parents = [], []  # (row, column) of each node: column -1 is the chain token
-    extra = [[j for j in range(width) if drawable[i][j]] for i in range(c)]
-    for i in range(c):
-        take = extra[i][:spare]
-        spare -= len(take)
-        extra[i] = take
-    for i in range(c):
-        parent = ROOT if i == 0 else len(order) - 1 - len(extra[i - 1])
-        order.append((i, -1))
-        parents.append(parent)
-        for j in extra[i]:
-            order.append((i, j))
-            parents.append(parent)
-    rows = torch.tensor([i for i, _ in order], device=chain.device)
-    picked = torch.tensor([j for _, j in order], device=chain.device)
-    tokens = torch.where(picked < 0, chain[rows], ranked[rows, picked.clamp(min=0)])
-    return TokenTree(tokens, tuple(parents), None if sampling.greedy else laws[rows])
-
-
-def chain_prefix(tree: TokenTree, path: list[int]) -> int:
-    """How many nodes of the accepted ``path`` are chain tokens: a path leaves the chain at most once,
-    into a sibling leaf, and the chain token of each depth is that depth's first node."""
-    return sum(1 for node in path if tree.depths.index(tree.depths[node]) == node)
-
-
 def _reference_rows(drafts: torch.Tensor, p: torch.Tensor, last) -> torch.Tensor:
     """The rows the reference code's lenient test reads (module docstring): one-hot on the drafts,
     but token j >= 1 of the last block gets that block's reviewer's row j - 1."""
@@ -419,6 +358,38 @@ def _draft_lengths(params: dict) -> tuple[int, ...]:
     return tuple(sorted({b + params["mag_tail"] for b in budgets if b + params["mag_tail"] > 0}))
 
 
+def _passes(params: dict, tokens: float, alpha: float) -> tuple[list, int]:
+    row = list(params["K"][0])
+    budgets = row if params["k_convention"] != "increment" else [sum(row[: i + 1]) for i in range(len(row))]
+    return chain_passes(tokens, alpha, budgets[-1], tuple(budgets)), budgets[-1]
+
+
+PASSES = PassRule(
+    "target as speculative with k = K[0][-1]; neural drafter c: K[0][c] passes per "
+    "target pass (an upper bound: the vertical cascade writes part of them); with tree_children > 1 each "
+    "target pass is over up to `tree_nodes` tokens",
+    _passes,
+)
+
+
+def _theory(rows: list[dict], iid: bool) -> theory.Expectation | None:
+    """Theorems 4.3/4.5 for the K-matrix rule, from the acceptance of every reviewer the cell measured;
+    None for a cell that verifies trees (the theorems price chains)."""
+    first = rows[0]
+    params = first["params"]
+    if not first.get("drafters") or int(params.get("tree_children", 1)) > 1:
+        return None
+    K = params["K"]
+    if params.get("k_convention") == "increment":
+        K = cumulative_from_increments(K)
+    names = first["drafters"]
+    steps = [s for r in rows for s in r["steps"]]
+    inner = {m: [s for r in rows for s in r.get("inner_steps", {}).get(m, [])] for m in names[:-1]}
+    reviewers = [theory.rates(steps, iid), *(theory.rates(inner[name], iid) for name in names[:-1])]
+    mag_draft = theory.drafted_pmf(inner[names[-2]])  # the smallest neural drafter reviews Max-Gram alone
+    return theory.cascade(K, reviewers, names, mag_draft, int(params.get("mag_tail", 10)))
+
+
 METHODS = (
     Method(
         "cs_drafting",
@@ -484,5 +455,7 @@ METHODS = (
         tree_sizes=lambda params: (params["tree_nodes"],) if params["tree_children"] > 1 else (),
         # 2: Max-Gram drafts within its column's budget K[r][n-1] + mag_tail (before: always mag_tail more)
         revision=2,
+        plan=PASSES,
+        theory=_theory,
     ),
 )

@@ -40,5 +40,11 @@ METHODS = (
         # 2: a greedy tree stops drafting once no deeper node can be kept (the same trees, fewer passes),
         # and ranks the head's draft vocabulary without full-vocabulary rows (the same trees up to rounding)
         revision=2,
+        plan=tree_speculative.tree_passes(
+            "target as speculative with k = depth (a lower bound, as for trees), each pass over up to "
+            "`nodes` tokens; the head: depth passes per target pass (the committed positions, then a "
+            "level each)",
+            "depth",
+        ),
     ),
 )

@@ -35,7 +35,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from specbench.decoding.generation import Generation, Stopwatch, eos_set, truncate_at_eos
-from specbench.methods import DRAFT_LENGTH, Method, ParamSpec, Request, always
+from specbench.methods import DRAFT_LENGTH, SPECULATIVE_PASSES, Method, ParamSpec, Request, always
 from specbench.models.hf import HFModel
 from specbench.models.sampling import SamplingParams
 
@@ -307,6 +307,7 @@ METHODS = (
         lossless=always,
         no_replay=_CALLS_ITSELF,
         runs_engine=False,
+        plan=SPECULATIVE_PASSES,
     ),
     Method(
         "hf_prompt_lookup",
@@ -316,5 +317,6 @@ METHODS = (
         lossless=always,
         no_replay=_CALLS_ITSELF,
         runs_engine=False,
+        plan=SPECULATIVE_PASSES,
     ),
 )

@@ -84,5 +84,10 @@ METHODS = (
         no_replay="the target scores token trees and hands its hidden states to the heads",
         draft_lengths=lambda params: (),
         tree_sizes=lambda params: tree_speculative.tree_sizes(params)[-1:],
+        plan=tree_speculative.tree_passes(
+            "target as speculative with k = depth (a lower bound, as for trees), each pass over up to "
+            "`nodes` tokens; the heads: one evaluation per target pass",
+            "one",
+        ),
     ),
 )

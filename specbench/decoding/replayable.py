@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from specbench.methods import Method
+from specbench.methods import BASELINE, Method
 
 
 def replay_problem(
@@ -26,7 +26,7 @@ def replay_problem(
             f"method {spec.method!r} cannot replay the target: {info.no_replay}",
             "remove replay: (it works with speculative and cs_drafting)",
         )
-    if spec.method == "autoregressive":
+    if spec.method == BASELINE:
         return "the autoregressive output is what other cells replay", "remove replay: here"
     if temperature > 0:
         return (

@@ -38,7 +38,7 @@ from specbench.decoding.deferral import (
 )
 from specbench.decoding.generation import Generation, Stopwatch, commit, eos_set, truncate_at_eos
 from specbench.decoding.spec_cascades import one_hot
-from specbench.methods import Method, ParamSpec, Request
+from specbench.methods import SPECULATIVE_PASSES, TARGET, Method, ParamSpec, PassRule, Request
 from specbench.models.base import LanguageModel
 from specbench.models.sampling import SamplingParams
 
@@ -287,6 +287,13 @@ def _run_bild(params: dict, target: LanguageModel, drafter: LanguageModel, r: Re
     )
 
 
+def _small_then_large(share: str) -> PassRule:
+    return PassRule(
+        f"small model T passes, large model T (1-α) (α read as the share of {share} kept)",
+        lambda params, tokens, alpha: ([(0, tokens), (TARGET, tokens * (1 - alpha))], None),
+    )
+
+
 METHODS = (
     Method(
         "token_cascade",
@@ -309,6 +316,7 @@ METHODS = (
         check=lambda params, spec, generation: check_rule_params(
             params, spec, ("alpha",), ("chow", "chow_log")
         ),
+        plan=_small_then_large("tokens"),
     ),
     Method(
         "seq_cascade",
@@ -317,6 +325,7 @@ METHODS = (
         {"alpha": ParamSpec(float, 0.0, "defer the whole response when q(response) < 1 - α", 0, 1)},
         needs_drafter=True,
         neural_drafter_only=True,
+        plan=_small_then_large("answers"),
     ),
     Method(
         "oracle_cascade",
@@ -331,6 +340,10 @@ METHODS = (
         neural_drafter_only=True,
         check=lambda params, spec, generation: check_rule_params(
             params, spec, ("alpha", "discrepancy"), ORACLE_RULES
+        ),
+        plan=PassRule(
+            "both models score every position: T passes each",
+            lambda params, tokens, alpha: ([(0, tokens), (TARGET, tokens)], None),
         ),
     ),
     Method(
@@ -347,5 +360,6 @@ METHODS = (
         },
         needs_drafter=True,
         neural_drafter_only=True,
+        plan=SPECULATIVE_PASSES,
     ),
 )

@@ -23,10 +23,11 @@ instead of the small model's draft. One host sync per step (the loop's ``commit`
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
-from specbench.decoding import speculative
+from specbench.decoding import speculative, theory
 from specbench.decoding.acceptance import AcceptanceRule, Verdict, cascade_accept
 from specbench.decoding.deferral import (
     CASCADE_ALPHA,
@@ -38,7 +39,8 @@ from specbench.decoding.deferral import (
     target,
 )
 from specbench.decoding.generation import Generation
-from specbench.methods import Method, ParamSpec, Request, given_params
+from specbench.decoding.steps import reviewed_and_rejected
+from specbench.methods import SPECULATIVE_PASSES, Method, ParamSpec, Request, given_params
 from specbench.models.base import Draft, LanguageModel, ModelDrafter
 from specbench.models.sampling import SamplingParams
 
@@ -179,6 +181,23 @@ def _run(params: dict, target: LanguageModel, drafter, r: Request) -> Generation
     )
 
 
+def _theory(rows: list[dict], iid: bool) -> theory.Expectation | None:
+    """Speculative decoding against π instead of p: its expectation from the cell's own acceptance,
+    with one more drafter pass a step for q at the bonus position where π needs it (every rule but sd)."""
+    return theory.of_speculative(rows, iid, bonus_pass=rows[0]["params"].get("rule") != "sd")
+
+
+def _cell_metrics(rows: list[dict], steps: list) -> dict:
+    """Per draft the target reviewed (up to a step's first rejection): the rejections that happened,
+    and Lemma 5's D_TV(π, q) summed over the same drafts."""
+    reviewed, rejected = reviewed_and_rejected(steps)
+    out = {"reviewed_drafts": reviewed, "rejection_rate": rejected / reviewed if reviewed else math.nan}
+    if all("expected_rejections" in r for r in rows):  # every rule but sd, since Lemma 5 was
+        expected = sum(r["expected_rejections"] for r in rows)
+        out["rejection_rate_lemma5"] = expected / reviewed if reviewed else math.nan
+    return out
+
+
 METHODS = (
     Method(
         "spec_cascade",
@@ -207,5 +226,8 @@ METHODS = (
         neural_drafter_only=True,
         check=_check,
         lossless=_lossless,
+        plan=SPECULATIVE_PASSES,
+        theory=_theory,
+        cell_metrics=_cell_metrics,
     ),
 )

@@ -26,12 +26,14 @@ that agree with the target's greedy output, stopping right before the first disa
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from specbench.decoding import speculative
 from specbench.decoding.generation import Generation
 from specbench.drafters.acceptance_head import AcceptanceHead, check_reference, load_head
-from specbench.methods import Method, ParamSpec, Request, always
+from specbench.methods import TARGET, Method, ParamSpec, PassRule, Request, always, chain_passes
 from specbench.models.base import LAST, Draft, ModelDrafter, Pass
 from specbench.models.hf import HFModel
 from specbench.models.sampling import SamplingParams
@@ -214,6 +216,11 @@ def _run_oracle(params: dict, target, drafter: HFModel, r: Request) -> Generatio
     return speculative.generate(target, oracle, r.prompt_ids, k=r.max_new_tokens, **r.decoding())
 
 
+def _passes(params: dict, tokens: float, alpha: float) -> tuple[list, int]:
+    k = min(max(math.floor(1 / max(1 - alpha, 1e-9) + 0.5), params["min_length"]), params["max_length"])
+    return chain_passes(tokens, alpha, k, (k,)), k
+
+
 METHODS = (
     Method(
         "specdecpp",
@@ -237,6 +244,11 @@ METHODS = (
         check=_check_specdecpp,
         lossless=always,
         draft_lengths=lambda params: (params["max_length"],),
+        plan=PassRule(
+            "as speculative with k = 1/(1-α), the mean draft up to a rejection, within "
+            "[min_length, max_length]",
+            _passes,
+        ),
     ),
     Method(
         "oracle_sd",
@@ -248,5 +260,9 @@ METHODS = (
         needs_reference=True,
         check=_check_oracle,
         lossless=always,
+        plan=PassRule(
+            "T (1-α) target passes (E with k unbounded), T drafter passes",
+            lambda params, tokens, alpha: ([(TARGET, tokens * (1 - alpha)), (0, tokens)], None),
+        ),
     ),
 )

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from specbench.decoding import theory
 from specbench.decoding.acceptance import AcceptanceRule, exact_rule, lenience_factor
 from specbench.decoding.generation import Generation, Stopwatch, commit, eos_set, truncate_at_eos
-from specbench.methods import DRAFT_LENGTH, Method, ParamSpec, Request
+from specbench.methods import DRAFT_LENGTH, SPECULATIVE_PASSES, Method, ParamSpec, Request
 from specbench.models.base import Drafter, LanguageModel, ModelDrafter
 from specbench.models.hf import HFModel
 from specbench.models.sampling import SamplingParams
@@ -117,5 +118,7 @@ METHODS = (
         needs_drafter=True,
         check=_check_lenience,
         lossless=lambda params: params.get("lenience", 1.0) == 1.0,
+        plan=SPECULATIVE_PASSES,
+        theory=theory.of_speculative,
     ),
 )

@@ -32,7 +32,7 @@ import torch
 
 from specbench.decoding.generation import Generation, Stopwatch, eos_set, truncate_at_eos
 from specbench.drafters.draft_vocab import full_vocabulary
-from specbench.methods import Method, ParamSpec, Request, always
+from specbench.methods import Method, ParamSpec, PassRule, Request, always, chain_passes
 from specbench.models.base import Pass
 from specbench.models.hf import HFModel
 from specbench.models.sampling import SamplingParams, greedy_token, sample
@@ -358,6 +358,18 @@ def check_tree(params: dict, spec, generation) -> tuple[str, str, str] | None:
     return None
 
 
+def tree_passes(text: str, drafter_passes: str) -> PassRule:
+    """A tree method's plan: the target as speculative decoding with k = depth (a tree accepts at least
+    what its best chain would, so E is a lower bound), and its drafter's passes per target pass:
+    ``"depth"`` or ``"one"``."""
+
+    def passes(params: dict, tokens: float, alpha: float) -> tuple[list, int]:
+        k = params["depth"]
+        return chain_passes(tokens, alpha, k, (k if drafter_passes == "depth" else 1,)), k
+
+    return PassRule(text, passes)
+
+
 METHODS = (
     Method(
         "tree_speculative",
@@ -386,5 +398,11 @@ METHODS = (
         tree_sizes=tree_sizes,
         # 2: a greedy tree stops drafting once no deeper node can be kept (the same trees, fewer passes)
         revision=2,
+        plan=tree_passes(
+            "target as speculative with k = depth (a tree accepts at least what its best "
+            "chain would: E is a lower bound), each pass over up to `nodes` tokens; drafter: depth "
+            "passes per target pass, over the tree so far",
+            "depth",
+        ),
     ),
 )

@@ -22,7 +22,7 @@ def model_problem(source: str, engine: str | None, engine_options: dict) -> Prob
                 "engine_options",
                 f"engine options apply to a serving engine ({', '.join(ENGINE_NAMES)}), and this "
                 f"model runs on {engine or 'the recipe engine'}",
-                "remove engine_options, or set engine: vllm on this model",
+                f"remove engine_options, or set engine: {' or '.join(ENGINE_NAMES)} on this model",
             )
         return None
     if source_of(source).heads:

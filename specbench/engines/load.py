@@ -3,11 +3,13 @@ client at each concurrency level of the recipe's ``load:``, with the speedup of 
 engine's autoregressive cell at the same level, the curve that shows where speculation stops paying.
 
 Per level, every request streams from ``/v1/completions`` (prompt token ids, greedy, the recipe's output
-budget); the client times the first chunk (TTFT) and every chunk after it (a chunk may carry several
-tokens when drafts were accepted). The engine's ``/metrics`` counters are differenced around the level for
-its acceptance. Rows land in ``load.csv`` of the run directory, one per (cell, level); a level already
-there is not measured again (``--resume``). The server is started, waited for and always stopped (an
-error, Ctrl-C or SIGTERM included): :mod:`specbench.engines.process`.
+budget); the client times the first chunk (TTFT) and the end, TPOT being the time after the first token
+over the tokens after it (a chunk may carry several tokens when drafts were accepted). The engine's
+``/metrics`` counters are differenced around the level for its acceptance. Rows land in ``load.csv`` of
+the run directory, one per (cell, level); a level already there is not measured again (``--resume``).
+A level where no request completed is a row of 0 tok/s whose speedups are NaN, never a division by 0.
+The server is started, waited for and always stopped (an error, Ctrl-C or SIGTERM included):
+:mod:`specbench.engines.process`.
 
 Acceptance under load: vLLM's own ``1 + accepted / drafts``, and tokens per verification step estimated
 as output tokens / (output tokens - accepted): exact when no request's last step was cut at a stop token.
@@ -122,7 +124,7 @@ def parse_prometheus(text: str) -> dict[str, float]:
 class Result:
     started: float
     first: float | None = None  # seconds from start to the first chunk
-    chunk_times: list[float] | None = None
+    chunks: int = 0  # counted, not kept: a level of 10^6 requests must not hold every chunk's time
     tokens: int = 0
     ended: float = 0.0
     error: str | None = None
@@ -139,8 +141,9 @@ class Result:
 
 
 async def stream_completion(port: int, body: dict, timeout: float) -> Result:
-    """POST /v1/completions with stream on; times every SSE chunk (HTTP/1.1, chunked)."""
-    result = Result(time.perf_counter(), chunk_times=[])
+    """POST /v1/completions with stream on; times its first SSE chunk and its end (HTTP/1.1, chunked).
+    A failure (refused, timed out, a broken stream) is the result's error, never an exception."""
+    result = Result(time.perf_counter())
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
         payload = json.dumps(body).encode()
@@ -167,8 +170,8 @@ async def stream_completion(port: int, body: dict, timeout: float) -> Result:
                 buffer = rest
                 _event(event, result)
         writer.close()
-    except (OSError, asyncio.TimeoutError) as error:
-        result.error = f"{type(error).__name__}: {error}"
+    except (OSError, asyncio.TimeoutError, ValueError) as error:
+        result.error = f"{type(error).__name__}: {error}".rstrip(": ")
     result.ended = time.perf_counter()
     return result
 
@@ -186,7 +189,7 @@ def _event(event: bytes, result: Result) -> None:
         if message.get("choices"):
             if result.first is None:
                 result.first = now
-            result.chunk_times.append(now)
+            result.chunks += 1
         usage = message.get("usage")
         if usage:
             result.tokens = usage.get("completion_tokens", result.tokens)
@@ -282,31 +285,59 @@ def speedups(rows: list[dict], reference: dict[str, str]) -> list[dict]:
     by = {(r["cell"], r["concurrency"]): r for r in rows}
     out = []
     for row in rows:
-        base = by.get((reference.get(row["cell"], ""), row["concurrency"]))
+        base = by.get((reference.get(row["cell"], ""), row["concurrency"])) or {}
         row = dict(row)
-        row["speedup_throughput"] = row["throughput_tok_s"] / base["throughput_tok_s"] if base else math.nan
-        row["speedup_per_request"] = (
-            row["per_request_tok_s"] / base["per_request_tok_s"] if base else math.nan
-        )
+        row["speedup_throughput"] = _ratio(row["throughput_tok_s"], base.get("throughput_tok_s"))
+        row["speedup_per_request"] = _ratio(row["per_request_tok_s"], base.get("per_request_tok_s"))
         out.append(row)
     return out
 
 
+def _ratio(value: float, base: float | None) -> float:
+    """value / base; NaN without a base, or where the base level delivered nothing (every request
+    failed or timed out: summarize's 0 tok/s or NaN), which no speedup can be measured against."""
+    if base is None or not base > 0 or math.isnan(value):
+        return math.nan
+    return value / base
+
+
+def failed_level(row: dict, results: list[Result]) -> str | None:
+    """What to warn of a level (its load.csv row and its requests) where no request completed: a
+    server that crashed, requests that all timed out; None where some did."""
+    if row["completed"]:
+        return None
+    error = next((r.error for r in results if r.error), "no answer")
+    return (
+        f"{row['cell']} x{row['concurrency']}: none of its {row['requests']} requests completed (first: "
+        f"{error}); its throughput is 0 and the speedups against it are NaN (—)"
+    )
+
+
 def read_load(directory: Path) -> list[dict]:
+    """The rows of ``DIR/load.csv`` ([] where there is none), or a one-line error naming the file."""
     import pandas as pd
 
     path = Path(directory) / LOAD_CSV
     if not path.is_file():
         return []
-    return pd.read_csv(path).to_dict("records")
+    fix = "restore it, or measure the sweep again into a new -o"
+    try:
+        frame = pd.read_csv(path, dtype={"key": str, "machine": str, "cell": str})  # "1e5..." stays a key
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as error:
+        first = " ".join(str(error).split())[:100] or type(error).__name__
+        raise SpecbenchError(str(path), f"is not a readable CSV ({first})", fix) from None
+    missing = [column for column in ("key", "cell", "concurrency") if column not in frame.columns]
+    if missing:
+        raise SpecbenchError(str(path), f"has no column {missing[0]!r}: not a specbench {LOAD_CSV}", fix)
+    return frame.to_dict("records")
 
 
 def write_load(directory: Path, rows: list[dict]) -> Path:
     """load.csv, replaced atomically (a killed run never leaves half a file)."""
     import pandas as pd
 
+    from specbench.models.cache import write_atomic
+
     path = Path(directory) / LOAD_CSV
-    staging = path.with_name(path.name + ".tmp")
-    staging.write_text(pd.DataFrame(rows).to_csv(index=False))
-    staging.replace(path)
+    write_atomic(path, pd.DataFrame(rows).to_csv(index=False))
     return path

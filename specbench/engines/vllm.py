@@ -41,7 +41,7 @@ from specbench.engines.accounting import (
 )
 from specbench.engines.process import WorkerProcess
 from specbench.errors import SpecbenchError
-from specbench.methods import ParamSpec
+from specbench.methods import BASELINE, ParamSpec
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 LOCAL_VENV = Path(".venv-vllm/bin/python")
@@ -90,7 +90,7 @@ HEADS = {"medusa": "Medusa", "eagle": "EAGLE"}  # our method -> vLLM's method of
 
 
 def _speculation(cell: CellView) -> tuple[dict | None, Problem]:
-    if cell.method == "autoregressive":
+    if cell.method == BASELINE:
         return None, None
     if cell.method in HEADS:
         if cell.params["branch"] != 1 or cell.params["frontier"] != 1:

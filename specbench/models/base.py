@@ -35,7 +35,7 @@ class ForwardCounter:
 
     It also keeps the passes' shapes, which a pass's cost depends on: for each number of tokens a
     pass fed, how many passes fed that many and the sum of the context (cached positions) they read
-    (``specbench.pipeline.cost_model`` predicts walltime from them). An encoder pass is kept apart,
+    (``specbench.pipeline.analysis.cost_model`` predicts walltime from them). An encoder pass is kept apart,
     under the key ``"encoder:<tokens>"``.
 
     On CUDA the time is taken with CUDA events and only read (synchronised) in ``snapshot``,

@@ -4,6 +4,7 @@ bottom, next to the model interface."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import json
@@ -11,6 +12,8 @@ import os
 import socket
 import tempfile
 from pathlib import Path
+
+from specbench.errors import SpecbenchError
 
 DISTILLED_PREFIX = "distilled:"
 
@@ -55,15 +58,58 @@ def trained_identity(folder: Path) -> str | None:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+def umask() -> int:
+    """The process's umask (read from /proc where it can be, since setting it to read it back is not
+    safe while other threads create files)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+class UnwritableFile(SpecbenchError, OSError):
+    """A file :func:`write_atomic` could not write: a one-line error naming it, and still an OSError
+    (with the cause's errno and strerror) for callers that name it in their own words."""
+
+    __str__ = BaseException.__str__  # the one line, not OSError's "[Errno 28] ..."
+
+    def __init__(self, path: Path, cause: OSError):
+        if cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            fix = "free space on its disk and run the command again (finished work is kept)"
+        elif isinstance(cause, IsADirectoryError):
+            fix = "it is a folder: name a file"
+        else:
+            fix = "make its folder writable, or write somewhere else"
+        super().__init__(str(path), f"cannot be written ({cause.strerror or cause})", fix)
+        self.errno, self.strerror, self.filename = cause.errno, cause.strerror, str(path)
+
+
 def write_atomic(path: Path, content: str | bytes) -> None:
-    """Write ``path`` so that a reader meanwhile sees the old file or the new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb" if isinstance(content, bytes) else "w") as handle:
-        handle.write(content)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    """Write ``path`` so that a reader meanwhile sees the old file or the new one, never a part, with
+    the mode a plain ``open`` gives (mkstemp's 0600 would hide run files from the user's colleagues);
+    a full disk or a missing permission is a one-line error naming ``path``, leaving no temporary file."""
+    path = Path(path)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(fd, "wb" if isinstance(content, bytes) else "w") as handle:
+            os.fchmod(handle.fileno(), 0o666 & ~umask())
+            handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as error:
+        raise UnwritableFile(path, error) from None
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
 @functools.lru_cache(maxsize=1)

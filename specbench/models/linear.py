@@ -14,7 +14,7 @@ model's own layers at load (:func:`fastest`).
 Only the eager engine swaps its layers (the compiled engine's graphs take the weights as inputs, and
 oneDNN's reordered weight is an opaque tensor a graph cannot take). Numerics: both compute in the
 model's dtype with float32 accumulation; sums run in another order, so logits differ in the last bits,
-as they do between pass sizes on one library (the lossless audit's business, pipeline/numerics.py).
+as they do between pass sizes on one library (the lossless audit's business, pipeline/analysis/numerics.py).
 """
 
 from __future__ import annotations

@@ -26,10 +26,10 @@ from rich.table import Table
 from rich.text import Text
 
 from specbench.errors import SpecbenchError
-from specbench.pipeline.report import load_cells
-from specbench.pipeline.results import CELLS, read_examples
-from specbench.pipeline.statistics import paired_bootstrap_ratio
-from specbench.pipeline.summary import swi_terms
+from specbench.pipeline.analysis.statistics import paired_bootstrap_ratio
+from specbench.pipeline.analysis.summary import swi_terms
+from specbench.pipeline.records.results import CELLS, read_examples
+from specbench.pipeline.views.report import load_cells
 
 FORMATS = ("table", "markdown", "csv")
 MISSING = "—"

@@ -1,7 +1,7 @@
 """The ``--paper`` names of ``specbench report`` and the ``--figure`` names of ``specbench plot``.
 
 Each paper folder lists its :class:`~specbench.papers.base.Paper` views in its ``PAPERS`` and its
-figures in its ``FIGURES`` (the generic figures are :data:`specbench.pipeline.plots.FIGURES`); the
+figures in its ``FIGURES`` (the generic figures are :data:`specbench.pipeline.views.plots.FIGURES`); the
 registries here collect them, so :mod:`specbench.papers.base` never imports a paper.
 """
 
@@ -14,7 +14,7 @@ from rich.console import Console
 
 from specbench.errors import SpecbenchError
 from specbench.papers.base import Paper, render
-from specbench.pipeline.plots import Figure
+from specbench.pipeline.views.plots import Figure
 from specbench.registry import Registry
 
 
@@ -25,7 +25,7 @@ def _paper_folder(module: pkgutil.ModuleInfo) -> bool:
 PAPERS: Registry[Paper] = Registry("paper view", "specbench.papers", "PAPERS", modules=_paper_folder)
 # the generic figures first, then the papers'; ``--figure all`` writes them in this order
 FIGURES: Registry[Figure] = Registry(
-    "figure", "specbench.papers", "FIGURES", modules=_paper_folder, also=("specbench.pipeline.plots",)
+    "figure", "specbench.papers", "FIGURES", modules=_paper_folder, also=("specbench.pipeline.views.plots",)
 )
 ALL_FIGURES = "all"
 

@@ -1,5 +1,8 @@
-"""The run pipeline: recipe cells -> rows (runner, results) -> cells.csv (summary, costs) -> report, plots.
+"""The run pipeline: recipe cells -> rows (run/) -> examples.jsonl and cells.csv (records/, analysis/)
+-> tables, comparisons and figures (views/).
 
-Tuning (successive halving over a grid) and the benchmark against Hugging Face `generate` drive the
-same runner and decoding loops; an execution backend other than the local runner belongs here too.
+One folder per concern, each importing only those before it: ``records`` (what a run directory holds),
+``analysis`` (numbers from rows, no model loaded), ``run`` (measuring), ``planning`` (a recipe's bill
+before anything loads), ``experiments`` (measurements beside the run: the benchmark against Hugging
+Face ``generate``, cost probes, load, tuning) and ``views``. tests/test_architecture.py keeps the order.
 """

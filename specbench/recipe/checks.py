@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 import specbench.recipe.grid as grid
 from specbench.decoding import replayable, roles
-from specbench.engines import CellView
 from specbench.engines import checks as engine_checks
 from specbench.errors import SpecbenchError
-from specbench.methods import METHODS, Method, ParamSpec
+from specbench.methods import BASELINE, METHODS, Method, ParamSpec
 from specbench.recipe.experiment import Recipe, engine_cell_view
 from specbench.recipe.messages import one_of, show
 from specbench.recipe.schema import MAX_CELLS, GenerationSpec, MethodSpec, ModelSpec
@@ -154,7 +153,7 @@ def _check_method(recipe: Recipe, index: int, spec: MethodSpec, where: str) -> N
     for name in [spec.drafter, *(spec.drafters or [])]:
         if name is not None:
             _raise(where, engine_checks.drafter_problem(name, recipe.models[name].engine))
-    views = _engine_views(recipe, spec.name)
+    views = (engine_cell_view(recipe, cell) for cell in recipe.method_cells(spec))  # read by engines only
     _raise(where, engine_checks.cells_problem(spec.target, recipe.models[spec.target].engine, views))
     if info.needs_reference and not _has_reference(recipe, spec.target):
         raise SpecbenchError(
@@ -168,14 +167,6 @@ def _check_method(recipe: Recipe, index: int, spec: MethodSpec, where: str) -> N
             raise SpecbenchError(f"{where}.replay", *problem)
 
 
-def _engine_views(recipe: Recipe, name: str) -> Iterator[CellView]:
-    """What an engine backend sees of each cell of the method entry ``name``; the recipe's cells are
-    expanded only when the first one is read (only a method on a serving engine reads them)."""
-    for cell in recipe.cells():
-        if cell.method_name == name:
-            yield engine_cell_view(recipe, cell)
-
-
 def _raise(where: str, problem: tuple[str, str, str] | None) -> None:
     """A problem an owner found in the method entry at ``where``, as its SpecbenchError."""
     if problem:
@@ -185,7 +176,7 @@ def _raise(where: str, problem: tuple[str, str, str] | None) -> None:
 
 def _has_reference(recipe: Recipe, target: str) -> bool:
     """Whether ``recipe`` runs the autoregressive method on ``target`` (what oracles and replay read)."""
-    return any(o.method == "autoregressive" and o.target == target for o in recipe.methods)
+    return any(o.method == BASELINE and o.target == target for o in recipe.methods)
 
 
 def replay_problem(recipe: Recipe, spec: MethodSpec, params: dict | None = None) -> tuple[str, str] | None:

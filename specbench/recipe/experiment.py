@@ -15,7 +15,7 @@ from pydantic import Field, PrivateAttr
 
 import specbench.recipe.grid as grid
 from specbench.engines import CellView
-from specbench.methods import METHODS
+from specbench.methods import BASELINE, METHODS
 from specbench.recipe.keys import cell_key, digest, model_key
 from specbench.recipe.schema import (
     DatasetSpec,
@@ -36,7 +36,7 @@ class Recipe(Strict):
     warmup: int = Field(default=1, ge=0)  # examples run once per cell before timing, not recorded
     lossless_check: bool = True
     replay_check: int = Field(default=2, ge=0)  # first N examples of every replayed cell also run live
-    # the order rows are measured in (specbench.pipeline.schedule): every cell per example back to back
+    # the order rows are measured in (specbench.pipeline.run.schedule): every cell per example back to back
     # (drift hits all alike), or each cell over all its examples in turn
     schedule: Literal["interleaved", "by-cell"] = "interleaved"
     # each timed row measured this many times (outputs and counts must agree); rows keep every repeat
@@ -98,7 +98,7 @@ class Recipe(Strict):
             weights = (model.source, model.revision, self.dtype_of(other), model.options)
             if model.engine in ENGINE_NAMES or weights != same:
                 continue
-            if any(m.method == "autoregressive" and m.target == other for m in self.methods):
+            if any(m.method == BASELINE and m.target == other for m in self.methods):
                 return other
         return name
 
@@ -128,25 +128,27 @@ class Recipe(Strict):
 
     def cells(self) -> list[Cell]:
         """Methods in recipe order; within one, the cartesian product of its grid in sorted-key order."""
-        cells = []
-        for spec in self.methods:
-            info = METHODS[spec.method]
-            fixed = grid.defaults(info) | grid.normalized(info, spec.params)
-            keys = tuple(sorted(spec.grid))
-            for point in grid.points(spec.grid):
-                cells.append(
-                    Cell(
-                        spec.name,
-                        spec.method,
-                        spec.target,
-                        spec.drafter,
-                        fixed | grid.normalized(info, point),
-                        keys,
-                        tuple(spec.drafters or ()),
-                        spec.replay,
-                    )
-                )
-        return cells
+        return [cell for spec in self.methods for cell in self.method_cells(spec)]
+
+    def method_cells(self, spec: MethodSpec) -> list[Cell]:
+        """The cells of one method entry: the cartesian product of its grid in sorted-key order."""
+        info = METHODS[spec.method]
+        fixed = grid.defaults(info) | grid.normalized(info, spec.params)
+        keys = tuple(sorted(spec.grid))
+        drafters = tuple(spec.drafters or ())
+        return [
+            Cell(
+                spec.name,
+                spec.method,
+                spec.target,
+                spec.drafter,
+                fixed | grid.normalized(info, point),
+                keys,
+                drafters,
+                spec.replay,
+            )
+            for point in grid.points(spec.grid)
+        ]
 
     def identity(self) -> str:
         """A digest of the experiment this recipe defines, which a run directory records: the fields

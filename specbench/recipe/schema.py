@@ -174,6 +174,17 @@ class LoadSpec(Strict):
     slo_tpot_s: float = Field(default=0.2, gt=0)
     timeout_s: float = Field(default=600.0, gt=0)  # one request's limit
 
+    @field_validator("concurrency")
+    @classmethod
+    def _once_each(cls, value: list[int]) -> list[int]:
+        repeated = sorted({level for level in value if value.count(level) > 1})
+        if repeated:  # a level measured twice keeps its last row only
+            raise invalid(
+                f"lists concurrency {', '.join(map(str, repeated))} more than once",
+                f"list each level once, e.g. {sorted(set(value))}",
+            )
+        return value
+
 
 class MethodSpec(Strict):
     name: Name

@@ -47,7 +47,7 @@ class Task:
     local_dirs: tuple[str, ...] = ()
     metrics: tuple[str, ...] = ()  # every metric a dict-returning grade reports (default: (metric,))
     # corpus metrics (specbench.tasks.metrics.CORPUS_METRICS): per-row sufficient statistics, summed
-    # over a cell's rows by specbench.pipeline.summary, e.g. {"bleu": [lengths, n-gram counts]}
+    # over a cell's rows by specbench.pipeline.analysis.summary, e.g. {"bleu": [lengths, n-gram counts]}
     statistics: Callable[[Example, str], dict[str, list[float]]] | None = None
     executes_code: bool = False  # grade runs generated code: only when the dataset sets execute_code
     # splits carved out of another: name -> (source split, first, last) fractions of the source's

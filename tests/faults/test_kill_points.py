@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import tiny_recipes
 import yaml
 from typer.testing import CliRunner
 
@@ -23,33 +24,20 @@ from specbench.cli import app
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
-RECIPE = {
-    "name": "kills",
-    "seed": 0,
-    "warmup": 0,
-    "generation": {"max_new_tokens": 12, "temperature": 0.0},
-    "models": {
-        "target": {"source": "tiny-llama", "dtype": "float64", "options": {"seed": 1, "init_std": 0.3}},
-        "draft": {
-            "source": "tiny-llama",
-            "dtype": "float64",
-            "options": {"seed": 1, "init_std": 0.3, "layers": 1},
-        },
-        "lookup": {"source": "prompt-lookup"},
+RECIPE = tiny_recipes.recipe(
+    "kills",
+    {
+        "target": tiny_recipes.tiny(seed=1, init_std=0.3),
+        "draft": tiny_recipes.tiny(seed=1, init_std=0.3, layers=1),
+        "lookup": tiny_recipes.lookup(),
     },
-    "datasets": [{"task": "arithmetic", "limit": 3}],
-    "methods": [
-        {"name": "ar", "method": "autoregressive", "target": "target"},
-        {
-            "name": "sd",
-            "method": "speculative",
-            "target": "target",
-            "drafter": "draft",
-            "grid": {"k": [2, 4]},
-        },
-        {"name": "pl", "method": "speculative", "target": "target", "drafter": "lookup", "grid": {"k": [3]}},
-    ],
-}
+    [tiny_recipes.ar(), tiny_recipes.speculative(), tiny_recipes.speculative("lookup", [3], name="pl")],
+    limit=3,
+    max_new_tokens=12,
+    temperature=0.0,
+    seed=0,
+    warmup=0,
+)
 ROWS = 3 * 4
 
 # Runs the CLI with FUNCTION (module:attribute) wrapped: its CALL-th call kills the process, BEFORE or
@@ -84,23 +72,23 @@ app()
 # (id, function, n-th call, when, resume first): at least 10 points across a run's life
 POINTS = [
     ("loading the target", "specbench.sources:load", 1, "before", False),
-    ("during the first row", "specbench.pipeline.runner:Runner._generate", 1, "after", False),
+    ("during the first row", "specbench.pipeline.run.runner:Runner._generate", 1, "after", False),
     ("a torn first row", "os:write", 1, "half", False),
-    ("after the first append", "specbench.pipeline.results:ExampleLog.append", 1, "after", False),
+    ("after the first append", "specbench.pipeline.records.results:ExampleLog.append", 1, "after", False),
     ("mid-cell, a torn row", "os:write", 5, "half", False),
-    ("after append 7", "specbench.pipeline.results:ExampleLog.append", 7, "after", False),
-    ("after the last append", "specbench.pipeline.results:ExampleLog.append", ROWS, "after", False),
+    ("after append 7", "specbench.pipeline.records.results:ExampleLog.append", 7, "after", False),
+    ("after the last append", "specbench.pipeline.records.results:ExampleLog.append", ROWS, "after", False),
     (
         "between the last append and cells.csv",
-        "specbench.pipeline.runner:write_cells_csv",
+        "specbench.pipeline.run.runner:write_cells_csv",
         1,
         "before",
         False,
     ),
     ("renaming cells.csv into place", "os:replace", 3, "before", False),
-    ("writing environment.json", "specbench.pipeline.runner:write_environment", 2, "before", False),
-    ("during a resume", "specbench.pipeline.results:ExampleLog.append", 2, "after", True),
-    ("during the report", "specbench.pipeline.report:read_cells_csv", 1, "after", True),
+    ("writing environment.json", "specbench.pipeline.run.runner:write_environment", 2, "before", False),
+    ("during a resume", "specbench.pipeline.records.results:ExampleLog.append", 2, "after", True),
+    ("during the report", "specbench.pipeline.views.report:read_cells_csv", 1, "after", True),
 ]
 
 
@@ -158,7 +146,10 @@ def test_kill_then_resume_loses_and_duplicates_nothing(point, recipe: Path, clea
         assert _kill(function, call, when, "report", str(out)) == -signal.SIGKILL
     else:
         if resume_first:  # a first kill, then a resume that is killed in turn
-            assert _kill("specbench.pipeline.results:ExampleLog.append", 4, "after", *run) == -signal.SIGKILL
+            assert (
+                _kill("specbench.pipeline.records.results:ExampleLog.append", 4, "after", *run)
+                == -signal.SIGKILL
+            )
             run.append("--resume")
         assert _kill(function, call, when, *run) == -signal.SIGKILL
     result = runner.invoke(app, ["run", str(recipe), "-o", str(out), "--resume"])

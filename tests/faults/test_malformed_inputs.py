@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import tiny_recipes
 import yaml
 from annotated_types import Ge, Gt, Le, MinLen
 from typer.testing import CliRunner
@@ -31,23 +32,20 @@ ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 # a small valid recipe: every level of the schema appears once, and it would finish in seconds
-BASE = {
-    "name": "faults",
-    "seed": 0,
-    "warmup": 0,
-    "generation": {"max_new_tokens": 4, "temperature": 0.0},
-    "models": {
-        "target": {"source": "tiny-llama", "dtype": "float64", "options": {"seed": 1}},
-        "draft": {"source": "tiny-llama", "dtype": "float64", "options": {"layers": 1}, "cost": {"pw": 0.5}},
-        "lookup": {"source": "prompt-lookup"},
+BASE = tiny_recipes.recipe(
+    "faults",
+    {
+        "target": tiny_recipes.tiny(seed=1),
+        "draft": tiny_recipes.tiny(layers=1) | {"cost": {"pw": 0.5}},
+        "lookup": tiny_recipes.lookup(),
     },
-    "datasets": [{"task": "arithmetic", "limit": 1}],
-    "methods": [
-        {"name": "ar", "method": "autoregressive", "target": "target"},
-        {"name": "sd", "method": "speculative", "target": "target", "drafter": "draft", "grid": {"k": [2]}},
-        {"name": "pl", "method": "speculative", "target": "target", "drafter": "lookup"},
-    ],
-}
+    [tiny_recipes.ar(), tiny_recipes.speculative(k=[2]), tiny_recipes.speculative("lookup", None, name="pl")],
+    limit=1,
+    max_new_tokens=4,
+    temperature=0.0,
+    seed=0,
+    warmup=0,
+)
 # where each schema level sits in BASE
 LEVELS = {
     (): Recipe,

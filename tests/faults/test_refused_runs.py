@@ -103,7 +103,7 @@ def test_the_specdecpp_view_never_prints_a_negative_throughput():
     """On a run whose drafter is statistical (prompt lookup: no time per pass), Equation 2.1's fit gives
     t_draft < 0; its Equation 2.3 prediction is left out, not printed as -155.72 tok/s."""
     from specbench.papers.specdecpp.efficiency import rates_table, regression_table
-    from specbench.pipeline.results import read_examples
+    from specbench.pipeline.records.results import read_examples
 
     rows = read_examples(Path(__file__).resolve().parents[2] / "results/quickstart")
     assert (regression_table(rows)["t_draft_s"] < 0).any()  # the fit this guards against
@@ -201,7 +201,7 @@ def test_an_unwritable_output_directory_is_one_line(tmp_path: Path, monkeypatch)
     def read_only(directory):
         raise OSError(30, "Read-only file system")
 
-    monkeypatch.setattr("specbench.pipeline.runner.RunLock", read_only)
+    monkeypatch.setattr("specbench.pipeline.run.runner.RunLock", read_only)
     result = runner.invoke(app, ["run", str(TINY), "-o", str(tmp_path / "out"), "--limit", "1"])
     _one_line(result, "out: cannot be written (Read-only file system) — fix: choose a writable --output-dir")
 
@@ -265,7 +265,7 @@ def test_a_schema_is_never_named_none(tmp_path: Path):
 
 
 def test_an_unreachable_ray_address_fails_in_seconds():
-    from specbench.pipeline.ray_executor import _check_reachable
+    from specbench.pipeline.run.ray_executor import _check_reachable
 
     started = time.perf_counter()
     with pytest.raises(SpecbenchError, match=r"--address: no Ray cluster answers at 127.0.0.1:1"):

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from specbench.cli import app
 from specbench.errors import SpecbenchError
-from specbench.pipeline.results import ENVIRONMENT, ExampleLog, RunLock
+from specbench.pipeline.records.results import ENVIRONMENT, ExampleLog, RunLock
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "quickstart-tiny.yaml"
@@ -56,7 +56,10 @@ def test_a_second_writer_is_refused_and_named(tmp_path: Path):
 
 def test_the_lock_dies_with_its_process(tmp_path: Path):
     # a killed run (kill -9 included) leaves no stale lock: the kernel drops a dead process's flock
-    code = "import os, sys; from specbench.pipeline.results import RunLock; RunLock(sys.argv[1]); os._exit(9)"
+    code = (
+        "import os, sys; from specbench.pipeline.records.results import RunLock; "
+        "RunLock(sys.argv[1]); os._exit(9)"
+    )
     assert subprocess.run([sys.executable, "-c", code, str(tmp_path)]).returncode == 9
     RunLock(tmp_path).release()
 

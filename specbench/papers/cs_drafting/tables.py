@@ -27,9 +27,10 @@ from importlib import resources
 import pandas as pd
 import yaml
 
+from specbench.decoding.theory import Expectation
+from specbench.methods import BASELINE
 from specbench.papers.base import MISSING, Run, View, best, num, num_interval, paired_interval
 from specbench.papers.cs_drafting.theory import LEVIATHAN_COSTS, PARAM_COSTS
-from specbench.pipeline.theory import Expectation
 from specbench.sources import source_of
 
 SOURCE_ROLES = {"flan-t5-small": "SMALL", "flan-t5-base": "BASE", "maxgram": "MAG"}
@@ -95,7 +96,7 @@ def cumulative_K(params: dict) -> list[list[int]] | None:
 def setting(method: str, params: dict) -> str:
     """A cell's hyperparameters in Table 5's terms: k11, k12, k22 (cumulative) and lenience l."""
     lenience = float(params.get("lenience", 1.0) or 1.0)
-    if method == "autoregressive":
+    if method == BASELINE:
         return ""
     if method == "speculative":
         return f"k11={params.get('k')}" + (f" l={lenience:g}" if lenience != 1.0 else "")
@@ -172,8 +173,8 @@ def table2(runs: list[Run]) -> tuple[list[View], list[dict]]:
             top = best(mine, metric)
             theirs = table5.get(column.lower())
             theory = _number(top.get(f"{metric}_theory")) if top else math.nan
-            what_if = 1.0 if method == "autoregressive" else _best_at(mine, PAPER_COSTS[column], runs)
-            if method == "autoregressive" and top:
+            what_if = 1.0 if method == BASELINE else _best_at(mine, PAPER_COSTS[column], runs)
+            if method == BASELINE and top:
                 theory = 1.0
             row |= {
                 f"{column} ours": num_interval(top, metric),

@@ -45,9 +45,10 @@ from pathlib import Path
 import pandas as pd
 
 from specbench.errors import SpecbenchError
-from specbench.pipeline.plots import dataset_panels, save_panels
-from specbench.pipeline.report import load_cells
-from specbench.pipeline.results import CELLS, read_examples, write_atomic
+from specbench.methods import BASELINE
+from specbench.pipeline.records.results import CELLS, read_examples, write_atomic
+from specbench.pipeline.views.plots import dataset_panels, save_panels
+from specbench.pipeline.views.report import load_cells
 
 CURVES_CSV = "curves.csv"
 TABLE2_CSV = "cascades_table2.csv"
@@ -86,9 +87,9 @@ def curve_points(
     for dataset in dict.fromkeys(cells["dataset"]):
         frame = cells[cells["dataset"] == dataset]
         metric = quality_metric(cells, dataset)
-        ar = frame[frame["method"] == "autoregressive"]
+        ar = frame[frame["method"] == BASELINE]
         ar_by_target = {r["target"]: r for r in ar.to_dict("records")}
-        methods = frame[frame["method"] != "autoregressive"].to_dict("records")
+        methods = frame[frame["method"] != BASELINE].to_dict("records")
         labels = _curve_labels(methods)
         for cell in methods:
             large = ar_by_target.get(cell["target"])

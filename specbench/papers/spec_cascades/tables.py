@@ -16,9 +16,10 @@ from importlib import resources
 import yaml
 
 from specbench.errors import SpecbenchError
+from specbench.methods import BASELINE
 from specbench.papers.base import MISSING, Run, View, num, num_interval, pass_ms
 from specbench.papers.spec_cascades.curves import check_points, curve_points, table2_metrics
-from specbench.pipeline.results import read_examples
+from specbench.pipeline.records.results import read_examples
 
 
 @lru_cache(maxsize=1)
@@ -205,7 +206,7 @@ def _ar_cell(cell: dict, cells) -> dict | None:
     if not {"method", "target", "dataset"} <= set(cells.columns):
         return None
     same = cells[
-        (cells["method"] == "autoregressive")
+        (cells["method"] == BASELINE)
         & (cells["target"] == cell["target"])
         & (cells["dataset"] == cell["dataset"])
     ]
@@ -215,8 +216,8 @@ def _ar_cell(cell: dict, cells) -> dict | None:
 def _lemma5_gaps(run: Run) -> dict[tuple[str, str], str]:
     """(dataset, cell) -> "gap [low, high]": counted minus expected rejections per reviewed draft, and
     its bootstrap interval over the run's examples (each example's drafts resampled together)."""
-    from specbench.pipeline.statistics import bootstrap_ratio
-    from specbench.pipeline.summary import reviewed_and_rejected
+    from specbench.decoding.steps import reviewed_and_rejected
+    from specbench.pipeline.analysis.statistics import bootstrap_ratio
 
     terms: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for row in read_examples(run.directory):

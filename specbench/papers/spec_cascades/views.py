@@ -4,7 +4,7 @@
 from specbench.papers.base import Paper
 from specbench.papers.spec_cascades.curves import write_curves
 from specbench.papers.spec_cascades.tables import spec_cascades_reference, table2
-from specbench.pipeline.plots import Figure
+from specbench.pipeline.views.plots import Figure
 
 PAPERS = (
     # the small model's own AR cell (its point on the curves) is part of the paper's setup too; the

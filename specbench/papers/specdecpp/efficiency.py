@@ -40,8 +40,9 @@ import numpy as np
 import pandas as pd
 
 from specbench.errors import SpecbenchError
-from specbench.pipeline.plots import dataset_panels, save_panels
-from specbench.pipeline.results import read_examples, write_atomic
+from specbench.methods import BASELINE
+from specbench.pipeline.records.results import read_examples, write_atomic
+from specbench.pipeline.views.plots import dataset_panels, save_panels
 
 RATES_CSV = "specdecpp_rates.csv"
 REGRESSION_CSV = "specdecpp_regression.csv"
@@ -139,7 +140,7 @@ def regression_table(rows: list[dict]) -> pd.DataFrame:
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for row in rows:
         datasets = (row["dataset"], ALL)
-        if row["method"] == "autoregressive":
+        if row["method"] == BASELINE:
             for dataset in datasets:
                 groups[("stand-alone", row["target"], "", dataset)].append(row)
         elif _two_model(row):
@@ -331,7 +332,7 @@ def rates_frontier(discard, verify) -> list[int]:
 
 def write_rates_plot(rates: pd.DataFrame, path: Path) -> Path:
     """Figure 4: verification rate against discard rate, SpecDec++ (threshold) vs SD (k), per dataset."""
-    shown = rates[rates["method"] != "autoregressive"]
+    shown = rates[rates["method"] != BASELINE]
     datasets = list(dict.fromkeys(shown["dataset"])) or ["(none)"]
     plt, figure, axes = dataset_panels(datasets)
     for ax, dataset in zip(axes, datasets, strict=False):

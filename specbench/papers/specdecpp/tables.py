@@ -19,9 +19,10 @@ import pandas as pd
 import yaml
 
 from specbench.errors import SpecbenchError
+from specbench.methods import BASELINE
 from specbench.papers.base import MISSING, Run, View, best, num, num_interval, pass_ms
 from specbench.papers.specdecpp.efficiency import rates_table, regression_table
-from specbench.pipeline.results import read_examples
+from specbench.pipeline.records.results import read_examples
 
 
 @lru_cache(maxsize=1)
@@ -64,7 +65,7 @@ def table1(runs: list[Run]) -> tuple[list[View], list[dict]]:
             explained += _reversal(run.name, label, mine)
             for algorithm, method in ref["algorithms"].items():
                 top = best(mine[mine["method"] == method], "tokens_per_s")
-                theirs = ar_paper if method == "autoregressive" else paper_tps.get(algorithm, {}).get(label)
+                theirs = ar_paper if method == BASELINE else paper_tps.get(algorithm, {}).get(label)
                 if method == "oracle_sd" and label == ref["oracle"]["dataset"]:  # Sec. 2.1: Alpaca only
                     theirs = round(ref["oracle"]["speedup"] * ar_paper, 2)
                 speedup = theirs / ar_paper if theirs is not None else None
@@ -138,7 +139,7 @@ def table1(runs: list[Run]) -> tuple[list[View], list[dict]]:
 def _reversal(run: str, dataset: str, cells: pd.DataFrame) -> list[str]:
     """Where SpecDec++'s best cell runs slower than the target alone (the paper's 2.04-2.26x reversed):
     whether Equation 2.3, priced at the run's measured pass times, predicts it."""
-    ar = best(cells[cells["method"] == "autoregressive"], "tokens_per_s")
+    ar = best(cells[cells["method"] == BASELINE], "tokens_per_s")
     top = best(cells[cells["method"] == "specdecpp"], "tokens_per_s")
     sd = best(cells[cells["method"] == "speculative"], "tokens_per_s")
     if not (ar and top) or not float(top["tokens_per_s"]) < float(ar["tokens_per_s"]):

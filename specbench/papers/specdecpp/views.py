@@ -4,7 +4,7 @@
 from specbench.papers.base import Paper
 from specbench.papers.specdecpp.efficiency import write_efficiency
 from specbench.papers.specdecpp.tables import specdecpp_reference, table1
-from specbench.pipeline.plots import Figure
+from specbench.pipeline.views.plots import Figure
 
 PAPERS = (
     Paper(

@@ -1,0 +1,441 @@
+"""``specbench plan``: the bill of a recipe before anything loads.
+
+:func:`build_plan` takes a recipe and the declared hardware and returns plain dicts: every model's
+size (:mod:`specbench.models.facts`: parameters, weight bytes at its dtype, KV cache at the recipe's
+longest sequence, no weight read), where each model would sit (:mod:`specbench.pipeline.planning.placement`),
+and per cell the rows left to run, the expected forward passes per model, walltime and GPU-hours.
+Every assumption is returned with the numbers it produced (``plan["assumptions"]``):
+
+* sequence: the longest prompt + the dataset's ``max_new_tokens`` (per turn of multi-turn prompt
+  sets). The prompt's length is the previous run's measured ``prompt_tokens`` (``--output-dir``), else
+  the longest prompt's characters / 4 when the dataset reads offline, else 1024 tokens. Every output
+  is taken to run to its budget (an upper bound: EOS stops earlier).
+* passes per row, for T generated tokens and acceptance rate α (:func:`expected_passes`):
+  autoregressive T; speculative with k (Leviathan et al., ICML 2023, Eq. 1) T / E target passes,
+  E = (1 - α^(k+1)) / (1 - α), and k drafter passes per target pass; rough rules for the other
+  methods, stated in each cell's ``rule``. Encoder passes (one per row) are left out.
+* α: ``draft_acceptance_rate`` of the previous run's cells with the same target and drafter models
+  (the same cell and dataset first), else ``--acceptance`` (0.6). accepted / proposed under-states the
+  i.i.d. α for k > 1, so a measured α errs towards more passes.
+* time per pass: ``--pass-ms``, else ``--probe`` (each model loaded on the recipe's device and timed over
+  a few passes), else the previous run's seconds / forward passes of the same model, else weight bytes /
+  memory bandwidth (batch-1 decoding reads every weight once a pass; a lower bound, no kernel launch or
+  Python cost). A model split over GPUs runs its parts one after another, so the rule is unchanged.
+* walltime per cell: (rows x repeats + warm-up) x the passes' time; replayed cells time the target
+  only on their ``replay_check`` rows. GPU-hours: walltime x the GPUs the placement occupies.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from specbench import sources
+from specbench.engines import ENGINE_NAMES
+from specbench.methods import BASELINE, METHODS, TARGET
+from specbench.pipeline.planning import placement
+from specbench.pipeline.planning.placement import GiB
+from specbench.pipeline.records.results import CELLS, EXAMPLES, RESOLVED_RECIPE, read_examples
+
+DEFAULT_PROMPT_TOKENS = 1024
+CHARS_PER_TOKEN = 4  # English text under a ~32k-50k BPE vocabulary; a stated rule, not a tokenizer
+DEFAULT_ACCEPTANCE = 0.6
+
+
+@dataclass(frozen=True)
+class Hardware:
+    gpus: int = 0  # 0: none declared, sizes only
+    gpu_memory: float = 80 * GiB
+    margin: float = (
+        0.05  # on each model's weights + KV cache (specbench.pipeline.planning.placement says why)
+    )
+    reserve: float = 1 * GiB  # per GPU: CUDA context, workspace
+    bandwidth: float = 2e12  # bytes/s of a GPU's memory
+    cpu_bandwidth: float = 20e9
+
+
+@dataclass
+class Previous:
+    """What an earlier run in ``--output-dir`` tells the plan."""
+
+    rows: list[dict]
+    cells: list[dict]
+    models: dict[str, str]  # that run's model name -> identity (source, dtype, revision, options)
+
+    def identity(self, name: str | None) -> str | None:
+        """What makes the model that run called ``name`` the same model (its name, without records)."""
+        return None if name is None else self.models.get(name, name)
+
+
+def identity(spec: dict) -> str:
+    """A recipe model's identity across runs: the same weights, dtype and loader options."""
+    keys = ("source", "dtype", "revision", "options")
+    return json.dumps({key: spec.get(key) for key in keys}, sort_keys=True, default=str)
+
+
+def read_previous(output_dir: Path | None) -> Previous | None:
+    if output_dir is None or not (Path(output_dir) / EXAMPLES).is_file():
+        return None
+    rows = read_examples(output_dir)
+    cells = []
+    if (Path(output_dir) / CELLS).is_file():
+        with open(Path(output_dir) / CELLS, newline="") as handle:
+            cells = list(csv.DictReader(handle))
+    models = {}
+    resolved = Path(output_dir) / RESOLVED_RECIPE
+    if resolved.is_file():
+        specs = (yaml.safe_load(resolved.read_text()) or {}).get("models") or {}
+        models = {name: identity(spec) for name, spec in specs.items()}
+    return Previous(rows, cells, models)
+
+
+def _identities(recipe, previous: Previous) -> dict[str, str]:
+    """This recipe's model name -> identity, or the name itself when the earlier run left no record."""
+    if not previous.models:
+        return {name: name for name in recipe.models}
+    return {name: identity(spec.model_dump(mode="json")) for name, spec in recipe.models.items()}
+
+
+NO_RULE = "no rule for this method: one target pass per token"
+
+
+def expected_passes(cell, tokens: float, alpha: float) -> tuple[dict[str, float], int | None]:
+    """Forward passes per model for one row of ``tokens`` generated tokens (the rule its method
+    declares, :class:`specbench.methods.PassRule`), and the draft length k it assumed."""
+    rule = METHODS[cell.method].plan
+    if rule is None:
+        return {cell.target: tokens}, None
+    names: dict = {TARGET: cell.target, **dict(enumerate([cell.drafter] if cell.drafter else cell.drafters))}
+    passes, k = rule.passes(cell.params, tokens, alpha)
+    out: dict[str, float] = {}
+    for role, count in passes:
+        if role in names:  # a drafter-less cell (prompt lookup inside generate) prices the target only
+            out[names[role]] = count
+    return out, k
+
+
+def build_plan(
+    recipe,
+    hardware: Hardware,
+    *,
+    output_dir: Path | None = None,
+    acceptance: float = DEFAULT_ACCEPTANCE,
+    pass_ms: dict[str, float] | None = None,
+    probed: dict[str, float] | None = None,
+    limit: int | None = None,
+    profile: dict | None = None,
+) -> dict:
+    """The plan of ``recipe`` on ``hardware`` (module docstring); a recipe that cannot fit raises.
+    ``limit``: at most that many examples per dataset, as ``specbench run --limit``."""
+    import torch
+
+    from specbench.models.devices import dtype_choice
+
+    previous = read_previous(output_dir)
+    datasets = dataset_shapes(recipe, previous, limit)
+    sequence = max(d["prompt_tokens"] + d["tokens_per_row"] for d in datasets)
+    gpu_planned = hardware.gpus > 0
+    dtypes = {}
+    for name, spec in recipe.models.items():
+        dtype = spec.dtype
+        if dtype == "auto":  # as the loader resolves it: bfloat16 on a GPU; on this CPU, its rule
+            on_gpu = spec.device.startswith("cuda") or (spec.device == "auto" and gpu_planned)
+            rule = sources.source_of(spec.source).dtype_rule or "auto"
+            dtype = "bfloat16" if on_gpu else dtype_choice(rule, "auto", torch.device("cpu"))[0]
+        dtypes[name] = dtype
+    for name, spec in recipe.models.items():  # an early exit or heads run in their base model's dtype
+        if sources.source_of(spec.source).dtype_rule is None and spec.options.get("of") in dtypes:
+            dtypes[name] = dtypes[spec.options["of"]]
+    facts = {name: sources.model_facts(name, recipe.models, dtypes[name]) for name in recipe.models}
+    models = []
+    for name, fact in facts.items():
+        kv = fact.kv_bytes_per_token * sequence
+        if recipe.models[name].engine in ENGINE_NAMES:  # a serving engine reserves its KV cache up front
+            kv = int(recipe.models[name].engine_options.get("kv_cache_gib", 2) * 2**30)
+        footprint = math.ceil((fact.weight_bytes + kv) * (1 + hardware.margin))
+        models.append(fact.as_dict() | {"kv_bytes": kv, "footprint_bytes": footprint})
+    placed = None
+    if gpu_planned:
+        demands = [  # statistical drafters hold nothing on a GPU
+            placement.demand(recipe.models[m["name"]], m, facts[m["name"]], hardware.margin)
+            for m in models
+            if m["footprint_bytes"] or facts[m["name"]].shares
+        ]
+        placed = placement.place_or_explain(demands, hardware, recipe.path, {m["name"]: m for m in models})
+    timed = profiled_times(recipe, profile, sequence // 2)  # --probe's times come first
+    timed |= {name: (ms, "--probe") for name, ms in (probed or {}).items()}
+    times = pass_times(recipe, facts, placed, hardware, pass_ms or {}, timed, previous)
+    for model in models:
+        model["pass_ms"], model["pass_ms_source"] = times[model["name"]]
+    cells = cell_bills(recipe, datasets, times, previous, acceptance)
+    seconds = [c["seconds"] for c in cells if c["seconds"] is not None]
+    gpus_used = len([g for g in placed["gpus"] if g["models"]]) if placed else 0
+    hours = sum(seconds) / 3600
+    return {
+        "recipe": recipe.name,
+        "path": str(recipe.path),
+        "assumptions": {
+            "sequence_tokens": sequence,
+            "datasets": datasets,
+            "margin": hardware.margin,
+            "reserve_bytes_per_gpu": hardware.reserve,
+            "gpus": hardware.gpus,
+            "gpu_memory_bytes": hardware.gpu_memory,
+            "gpu_bandwidth_bytes_per_s": hardware.bandwidth,
+            "cpu_bandwidth_bytes_per_s": hardware.cpu_bandwidth,
+            "acceptance_default": acceptance,
+            "batch": 1,
+        },
+        "models": models,
+        "placement": placed,
+        "cells": cells,
+        "totals": {
+            "rows": sum(c["rows"] or 0 for c in cells),
+            "rows_unknown": sum(c["rows"] is None for c in cells),
+            "hours": hours,
+            "gpus_used": gpus_used,
+            "gpu_hours": hours * gpus_used if gpus_used else None,
+        },
+    }
+
+
+def dataset_shapes(recipe, previous: Previous | None, limit: int | None = None) -> list[dict]:
+    """Per dataset: examples, the longest prompt in tokens (and how it was found), tokens per row."""
+    from specbench.tasks import get_task
+
+    measured: dict[str, int] = {}
+    for row in previous.rows if previous else ():
+        measured[row["dataset"]] = max(measured.get(row["dataset"], 0), int(row.get("prompt_tokens") or 0))
+    shapes = []
+    for spec in recipe.datasets:
+        task = get_task(spec.task)
+        split = spec.split or task.default_split
+        label = f"{spec.task}/{split}"
+        examples = _local_examples(task, spec, split)
+        count = len(examples) if examples is not None else spec.limit
+        count = min(count, limit) if count is not None and limit is not None else count or limit
+        turns = 1 + max((len(e.turns) for e in examples), default=0) if examples else 1
+        if measured.get(label):
+            prompt, how = measured[label], "longest prompt_tokens of the previous run"
+        elif examples:
+            chars = max(len(e.prompt) + sum(len(t) for t in e.turns) for e in examples)
+            prompt, how = (
+                math.ceil(chars / CHARS_PER_TOKEN),
+                f"longest prompt: {chars} characters / {CHARS_PER_TOKEN}",
+            )
+        else:
+            prompt, how = DEFAULT_PROMPT_TOKENS, "default: the dataset does not read offline"
+        max_new = spec.max_new_tokens or recipe.generation.max_new_tokens
+        shapes.append(
+            {
+                "dataset": label,
+                "examples": count,
+                "examples_source": "read offline" if examples is not None else "limit; not read offline",
+                "prompt_tokens": prompt,
+                "prompt_source": how,
+                "max_new_tokens": max_new,
+                "tokens_per_row": max_new * turns,
+            }
+        )
+    return shapes
+
+
+def _local_examples(task, spec, split: str) -> list | None:
+    """The dataset's examples (every / limit applied) when a local file holds them; None: Hub only."""
+    data_dir = os.environ.get("SPECBENCH_DATA_DIR")
+    folders = task.local_dirs or (task.name,)
+    local = data_dir and any((Path(data_dir) / folder / f"{split}.jsonl").is_file() for folder in folders)
+    if not (spec.data_files or local or task.embedded):
+        return None
+    examples = task.load(split=split, data_files=str(spec.data_files) if spec.data_files else None)
+    return examples[:: spec.every][: spec.limit]
+
+
+def profiled_times(recipe, profile: dict | None, context: int) -> dict[str, tuple[float, str]]:
+    """(ms, where from) of a one-token pass at ``context`` for each recipe model a cost profile
+    (``specbench probe``) probed: the entry of its recipe name with its weights, or in a profile of
+    format 1 (keyed by source) the entry of its source where the recipe loads that source in one
+    configuration only (:func:`~specbench.pipeline.analysis.profiles.entries_for`)."""
+    from specbench.pipeline.analysis import profiles
+
+    if profile is None:
+        return {}
+    profiles.check_profile(profile)
+    models = [
+        profiles.ModelConfig(
+            name,
+            spec.source,
+            profiles.weights_identity(spec.model_dump(mode="json")),
+            spec.dtype,
+            recipe.engine_of(name),
+        )
+        for name, spec in recipe.models.items()
+    ]
+    times = {}
+    for name, entry in profiles.entries_for(profile, models).items():
+        ms = 1000 * profiles.probed_cost(entry).pass_seconds(1, context)
+        setup = f"{entry.get('dtype')} {entry.get('engine')}"
+        times[name] = (ms, f"--profile ({setup}, one-token pass after {context} positions)")
+    return times
+
+
+def pass_times(recipe, facts, placed, hardware, given, timed, previous) -> dict[str, tuple[float, str]]:
+    """(ms per forward pass, where the number comes from) for every recipe model; ``timed``: the
+    (ms, where from) of the models timed before planning (--probe, a cost profile)."""
+    on_gpu = set()
+    for gpu in placed["gpus"] if placed else ():
+        on_gpu |= {entry["name"] for entry in gpu["models"]}
+    measured = _previous_pass_ms(recipe, previous)
+    times = {}
+    for name in sorted(facts, key=lambda n: facts[n].shares is not None):  # early exits after their base
+        fact = facts[name]
+        if name in given:
+            times[name] = (given[name], "--pass-ms")
+        elif name in timed:
+            times[name] = timed[name]
+        elif name in measured:
+            times[name] = (measured[name], "previous run (seconds / forward passes)")
+        elif fact.shares is not None and fact.pass_bytes is not None:
+            base_ms, _ = times[fact.shares]
+            base_bytes = facts[fact.shares].weight_bytes
+            times[name] = (
+                base_ms * fact.pass_bytes / base_bytes,
+                f"{fact.shares}'s pass x {fact.pass_bytes / 2**20:.1f}/{base_bytes / 2**20:.1f} MiB read",
+            )
+        elif fact.shares is not None:
+            base_ms, _ = times[fact.shares]
+            times[name] = (
+                base_ms * fact.pass_fraction,
+                f"{fact.shares}'s pass x {fact.layers}/{facts[fact.shares].layers} layers",
+            )
+        elif fact.weight_bytes == 0:
+            times[name] = (0.0, "statistical drafter")
+        else:
+            gpu = name in on_gpu or recipe.models[name].device.startswith("cuda")
+            rate = hardware.bandwidth if gpu else hardware.cpu_bandwidth
+            where = "GPU" if gpu else "CPU"
+            times[name] = (
+                fact.weight_bytes / rate * 1000,
+                f"weights / {rate / 1e9:g} GB/s, {where}",
+            )
+    return times
+
+
+def _previous_pass_ms(recipe, previous: Previous | None) -> dict[str, float]:
+    if previous is None:
+        return {}
+    seconds: dict[str, float] = {}
+    passes: dict[str, int] = {}
+    ours = _identities(recipe, previous)
+    for row in previous.rows:
+        if row.get("replayed"):
+            continue
+        for old_name, counts in (row.get("forwards") or {}).items():
+            if not math.isfinite(counts.get("seconds", math.nan)):
+                continue
+            for name in (n for n, same in ours.items() if same == previous.identity(old_name)):
+                seconds[name] = seconds.get(name, 0.0) + counts["seconds"]
+                passes[name] = passes.get(name, 0) + counts.get("forward_passes", 0)
+    return {name: seconds[name] / passes[name] * 1000 for name in seconds if passes[name]}
+
+
+def previous_alpha(recipe, cell, dataset: str, previous: Previous | None) -> float | None:
+    """The draft acceptance rate a previous run measured for the same target and drafter models."""
+    if previous is None:
+        return None
+    ours = _identities(recipe, previous)
+    drafter = cell.drafter or (cell.drafters[0] if cell.drafters else None)
+    want = (ours[cell.target], ours[drafter] if drafter else None)
+    same, other = [], []
+    for record in previous.cells:
+        rate = _number(record.get("draft_acceptance_rate"))
+        pair = (previous.identity(record.get("target")), previous.identity(record.get("drafter") or None))
+        if rate is None or pair != want:
+            continue
+        (same if (record.get("cell"), record.get("dataset")) == (cell.id, dataset) else other).append(rate)
+    rates = same or other
+    return sum(rates) / len(rates) if rates else None
+
+
+def _number(value) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def cell_bills(
+    recipe, datasets: list[dict], times, previous: Previous | None, acceptance: float
+) -> list[dict]:
+    """Rows to run, passes per model, α and walltime for every (dataset, cell)."""
+    done: dict[tuple[str, str], set] = {}
+    for row in previous.rows if previous else ():
+        done.setdefault((row["dataset"], row["cell"]), set()).add(row.get("example_id"))
+    bills = []
+    for dataset in datasets:
+        for cell in recipe.cells():
+            finished = len(done.get((dataset["dataset"], cell.id), ()))
+            rows = None if dataset["examples"] is None else max(0, dataset["examples"] - finished)
+            measured = previous_alpha(recipe, cell, dataset["dataset"], previous)
+            alpha = measured if measured is not None else acceptance
+            per_row, k = expected_passes(cell, dataset["tokens_per_row"], alpha)
+            seconds = None
+            if rows is not None:
+                timed = rows * recipe.repeats + (min(recipe.warmup, rows) if rows else 0)
+                target_rows = min(rows, recipe.replay_check) if cell.replay else timed
+                seconds = sum(
+                    passes * times[name][0] / 1000 * (target_rows if name == cell.target else timed)
+                    for name, passes in per_row.items()
+                )
+            bills.append(
+                {
+                    "dataset": dataset["dataset"],
+                    "cell": cell.id,
+                    "method": cell.method,
+                    "target": cell.target,
+                    "drafters": [d for d in (cell.drafter, *cell.drafters) if d],
+                    "rows": rows,
+                    "rows_done": finished,
+                    "alpha": None if cell.method == BASELINE else alpha,
+                    "alpha_source": "previous run" if measured is not None else "assumed (--acceptance)",
+                    "passes_per_row": per_row,
+                    "passes": {name: p * rows for name, p in per_row.items()} if rows is not None else None,
+                    "k": k,
+                    "rule": rule.text if (rule := METHODS[cell.method].plan) else NO_RULE,
+                    "seconds": seconds,
+                }
+            )
+    return bills
+
+
+def probe(recipe, passes: int = 8) -> dict[str, float]:
+    """ms per decoding pass of every neural recipe model, loaded on its device (``--probe``)."""
+    import torch
+
+    loaded, times = {}, {}
+    # a model built on another recipe model's weights (early exit) loads after it
+    order = sorted(recipe.models, key=lambda n: sources.source_of(recipe.models[n].source).dtype_rule is None)
+    for name in order:
+        spec = recipe.models[name]
+        if not sources.source_of(spec.source).neural:
+            continue
+        request = sources.ModelRequest(
+            name, spec.source, spec.dtype, spec.device, spec.revision, tuple(sorted(spec.options.items()))
+        )
+        model = loaded[name] = sources.load(request, resolve=loaded.__getitem__)
+        generator = torch.Generator().manual_seed(0)
+        ids = torch.randint(4, min(model.vocab_size, 256), (32 + passes + 1,), generator=generator)
+        model.start(ids[:32])
+        model.score(ids[32:33], 0)  # the prompt's pass, not timed
+        model.counter.reset()
+        for i in range(1, passes + 1):
+            model.score(ids[32 : 33 + i], 0)
+        times[name] = model.counter.seconds / passes * 1000
+    return times

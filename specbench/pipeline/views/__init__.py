@@ -1,0 +1,1 @@
+"""How results are shown: report tables, plans, predictions, comparisons, categories, figures."""
