@@ -192,6 +192,10 @@ def bigram_build(
     texts = corpus_texts(corpus)
     ids = [model.tokenizer(text, add_special_tokens=False).input_ids for text in texts]
     table = BigramTable.build(ids, len(model.tokenizer))
-    table.save(out)  # makes its folder
     learned = int((table.next_token != table.next_token.new_tensor(range(len(table)))).sum())
+    if not learned:  # an empty corpus, or texts of one token each: the table would only repeat tokens
+        raise SpecbenchError(
+            "--corpus", f"{len(texts)} texts gave no bigram to learn", "give a corpus of running text"
+        )
+    table.save(out)  # makes its folder
     err.print(f"{out}: {len(table)} entries, {learned} learned from {len(texts)} texts")

@@ -34,6 +34,18 @@ def _check_name(value: str) -> str:
 
 Name = Annotated[str, AfterValidator(_check_name)]
 
+# Below it, logits / temperature overflow (5e-324 made the sampler's multinomial raise): 0 is greedy.
+MIN_TEMPERATURE = 1e-6
+
+
+def _check_temperature(value: float) -> float:
+    if 0 < value < MIN_TEMPERATURE:
+        raise invalid(
+            f"{value} is above 0 but below {MIN_TEMPERATURE} (the scaled logits would overflow)",
+            "use 0 for greedy decoding, or a temperature of at least 1e-06",
+        )
+    return value
+
 
 class Strict(BaseModel):
     # strict: "3" is not an int and true is not a number; extra="forbid": a misspelt key is an error.
@@ -148,7 +160,9 @@ class DatasetSpec(Strict):
 
 class GenerationSpec(Strict):
     max_new_tokens: int = Field(default=128, ge=1, le=MAX_NEW_TOKENS)
-    temperature: float = Field(default=0.0, ge=0.0, le=100.0, allow_inf_nan=False)  # 0 = greedy
+    temperature: Annotated[float, AfterValidator(_check_temperature)] = Field(
+        default=0.0, ge=0.0, le=100.0, allow_inf_nan=False
+    )  # 0 = greedy
     top_k: int = Field(default=0, ge=0)  # 0 = off
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     # prompt + new tokens at most, as transformers' max_length (SpecDec++'s release: 512); None: no cap

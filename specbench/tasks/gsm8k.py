@@ -47,6 +47,8 @@ def grade_number(example: Example, output_text: str) -> float:
 
 
 def _build(row: dict, fallback_id: str) -> Example:
+    if "####" not in row["answer"]:  # else the whole worked answer would become the gold number
+        raise ValueError("its answer has no '#### <number>' (GSM8K's gold-answer line)")
     return Example(fallback_id, TEMPLATE.format(question=row["question"]), reference_answer(row["answer"]))
 
 

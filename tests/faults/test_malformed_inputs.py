@@ -202,6 +202,7 @@ def reference_cases() -> list[Case]:
         Case("huge max_new_tokens", _with(("generation",), "max_new_tokens", 10**9), field="max_new_tokens"),
         Case("k beyond max_new_tokens", method(grid={"k": [8]}), field="k"),
         Case("negative temperature", _with(("generation",), "temperature", -1.0), field="temperature"),
+        Case("denormal temperature", _with(("generation",), "temperature", 5e-324), field="temperature"),
         Case("negative cost", _with(("models", "draft"), "cost", {"pw": -1}), field="pw"),
         Case("a model folder that is empty", _local_model("empty-model"), field="empty-model"),
         Case("a .gguf file that is not GGUF", _local_model("fake.gguf"), field="fake.gguf"),
@@ -230,6 +231,7 @@ DATA_FILES = {
     "not JSON": b"question: no\n",
     "a row without the answer field": b'{"question": "1 + 1?"}\n',
     "a row that is a list": b"[1, 2]\n",
+    "a GSM8K answer without ####": b'{"question": "1 + 1?", "answer": "It is 2."}\n',
 }
 BAD_CSV = {
     "not a CSV": b"\x00\x01\x02 binary",
@@ -392,6 +394,20 @@ def hostile_cases(tmp: Path) -> list[Case]:
                 str(tmp / "t.json"),
             ),
             field="UTF-8",
+        ),
+        Case(
+            "bigram build: an empty corpus",
+            argv=(
+                "bigram",
+                "build",
+                "--tokenizer",
+                "tiny-llama",
+                "--corpus",
+                str(_data_path(tmp, "empty")),
+                "--out",
+                str(tmp / "t.json"),
+            ),
+            field="--corpus",
         ),
         Case(
             "bigram build: an unwritable table",
