@@ -324,6 +324,10 @@ def command_cases(tmp: Path) -> list[Case]:
     ]
 
 
+def _bigram_build(corpus: str, out: str) -> tuple[str, ...]:
+    return ("bigram", "build", "--tokenizer", "tiny-llama", "--corpus", corpus, "--out", out)
+
+
 def hostile_cases(tmp: Path) -> list[Case]:
     """Issue 30's hostile inputs: ambiguous labels, unbounded work, names that are folders, values
     that are not numbers, and commands that once ended in a traceback."""
@@ -383,44 +387,17 @@ def hostile_cases(tmp: Path) -> list[Case]:
         ),
         Case(
             "bigram build: a binary corpus",
-            argv=(
-                "bigram",
-                "build",
-                "--tokenizer",
-                "tiny-llama",
-                "--corpus",
-                str(_data_path(tmp, "binary")),
-                "--out",
-                str(tmp / "t.json"),
-            ),
+            argv=_bigram_build(str(_data_path(tmp, "binary")), str(tmp / "t.json")),
             field="UTF-8",
         ),
         Case(
             "bigram build: an empty corpus",
-            argv=(
-                "bigram",
-                "build",
-                "--tokenizer",
-                "tiny-llama",
-                "--corpus",
-                str(_data_path(tmp, "empty")),
-                "--out",
-                str(tmp / "t.json"),
-            ),
+            argv=_bigram_build(str(_data_path(tmp, "empty")), str(tmp / "t.json")),
             field="--corpus",
         ),
         Case(
             "bigram build: an unwritable table",
-            argv=(
-                "bigram",
-                "build",
-                "--tokenizer",
-                "tiny-llama",
-                "--corpus",
-                str(tmp / "corpus.txt"),
-                "--out",
-                str(tmp / "a-file" / "t.json"),
-            ),
+            argv=_bigram_build(str(tmp / "corpus.txt"), str(tmp / "a-file" / "t.json")),
             field="cannot write",
         ),
     ]
