@@ -176,6 +176,31 @@ def test_held_out_predictions_are_exact_when_one_linear_cost_made_the_times():
     assert prediction.median_abs_error(table) == pytest.approx(0, abs=1e-6)
 
 
+def test_a_rows_prediction_is_fitted_without_the_row_itself():
+    """One row made 5x slower (its passes and walltime) is predicted by the other examples' fit, which
+    the clean rows make exact: its prediction is its clean walltime. Fitted in-sample, the outlier
+    would pull its own prediction up."""
+    rows = _synthetic_rows(cost_model.Linear(0.018, 0.02, 5e-4, 1e-5, 0.0), loop_per_step=1e-3)
+    outlier = next(r for r in rows if r["key"] == "sd-3")
+    clean = outlier["walltime"]
+    outlier["forwards"]["t"]["seconds"] *= 5
+    outlier["walltime"] *= 5
+    folds = {prediction._fold(r) for r in rows}
+    assert len(folds) > 1  # the examples split: there is another half to fit on
+    predicted = prediction.cross_validated(rows, lambda r: "m")
+    assert predicted["sd-3"] == pytest.approx(clean, rel=1e-6)
+    assert prediction.missed_rows(rows, predicted, lambda r: "m") == {("d", "sd", "m"): 1}
+
+
+def test_the_pass_cost_fit_weighs_each_row_by_the_inverse_of_its_time():
+    """Two rows of one-token passes: 1 pass in 1.0 s and 100 passes in 50 s. Weighted by 1 / seconds
+    (relative error), t = k x passes with k = sum(p / y) / sum((p / y)^2) = (1 + 2) / (1 + 4) = 0.6;
+    unweighted, k = sum(p y) / sum(p^2) = 5001 / 10001, about 0.5."""
+    samples = [([(1.0, 1, 0.0)], 1.0), ([(1.0, 100, 0.0)], 50.0)]
+    fitted = cost_model.fit_linear(samples)
+    assert fitted.seconds([(1.0, 10, 0.0)]) == pytest.approx(6.0, rel=1e-9)
+
+
 def test_summary_carries_the_held_out_prediction_beside_the_measured_speedup():
     from specbench.pipeline.analysis.summary import summarise
 

@@ -40,7 +40,11 @@ def user_errors(command):
 
 
 def check_output_dir(out: Path) -> None:
-    """Results go in a folder of their own: never the current folder or one above it (``-o ''``)."""
+    """Results go in a folder of their own: never the current folder or one above it (``-o ''``), nor
+    a folder of other files that holds no run (a run's files would mix with the user's)."""
+    from specbench.engines.load import LOAD_CSV
+    from specbench.pipeline.records.results import CELLS, ENVIRONMENT, EXAMPLES, LOCK, MARKER, RESOLVED_RECIPE
+
     here = Path.cwd().resolve()
     if out.resolve() in (here, *here.parents):
         raise SpecbenchError(
@@ -49,6 +53,16 @@ def check_output_dir(out: Path) -> None:
             "results would land among other files",
             "name a folder of their own, e.g. -o results/NAME",
         )
+    if out.is_dir():
+        entries = sorted(path.name for path in out.iterdir())
+        run_files = {EXAMPLES, CELLS, ENVIRONMENT, RESOLVED_RECIPE, LOCK, MARKER, LOAD_CSV}
+        if entries and not run_files & set(entries):
+            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+            raise SpecbenchError(
+                "--output-dir",
+                f"{out} holds other files ({shown}) and no run: the run's files would mix with them",
+                f"name a new folder, e.g. -o {out / 'run'}",
+            )
 
 
 # --threads above the cores: a warning (the threads take turns on the cores, and the timings show it);

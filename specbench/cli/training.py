@@ -102,6 +102,9 @@ def distill(
             "pass --data-dir ../shared/data or set SPECBENCH_DATA_DIR",
         )
     data_dir = str(Path(data_dir).resolve())
+    from specbench.training.teacher import check_extra
+
+    check_extra(extra_prompts, data_dir)  # before the target loads and the teacher data is built
     teacher = distillation.TeacherConfig(
         target,
         generate,

@@ -3,14 +3,18 @@ a server on 127.0.0.1 (for load).
 
 Each runs in its own process group, so stopping it stops the engine's own children too; every one
 started is stopped when specbench exits, by an error or Ctrl-C included (``atexit`` and a SIGTERM
-handler). An engine that exits or stops answering is a one-line error naming its log.
+handler), and on Linux the kernel sends it SIGTERM when specbench is killed outright (kill -9 runs no
+handler: :func:`die_with_parent`). An engine that exits or stops answering is a one-line error naming
+its log.
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import json
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -20,6 +24,25 @@ from pathlib import Path
 from specbench.errors import SpecbenchError
 
 _RUNNING: set = set()  # processes started and not yet stopped
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int):
+    """A ``preexec_fn``: the child asks the kernel for SIGTERM when ``parent`` dies, however it dies (a
+    kill -9 runs none of our handlers), so no engine outlives specbench; it exits at once if the parent
+    died before it asked. Linux only; elsewhere it does nothing and stop_all's handlers remain."""
+
+    try:  # looked up here, in the parent: a child of a threaded parent must not load libraries
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def guard() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return guard
 
 
 class EngineProcess:
@@ -38,6 +61,7 @@ class EngineProcess:
                 text=True,
                 env={**os.environ, **(env or {})},
                 start_new_session=True,  # its own process group: stop() reaches the engine's children
+                preexec_fn=die_with_parent(os.getpid()),
             )
         except OSError as error:
             raise SpecbenchError(
@@ -51,14 +75,12 @@ class EngineProcess:
         return self.process.poll() is None
 
     def last_error(self) -> str:
-        """The log's last line that names an error (else its last line)."""
+        """The log's last line that names an error (else its last line that is not a progress bar)."""
         try:
             text = self.log_path.read_text(errors="replace")
         except OSError:
             return "no log"
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        errors = [line for line in lines if "error" in line.lower()]
-        return (errors or lines or ["no output"])[-1][:300]
+        return last_error_line(text)
 
     def stop(self, grace: float = 15.0) -> None:
         """SIGTERM to the whole group, SIGKILL after ``grace`` seconds."""
@@ -75,6 +97,19 @@ class EngineProcess:
                 return
             except subprocess.TimeoutExpired:
                 continue
+
+
+# tqdm's bars ("Loading weights:  40%|####      | 2/5 [00:01<00:02, 1.9it/s]"): what an engine prints
+# while it loads, redrawn with carriage returns, never the reason it died
+PROGRESS_BAR = re.compile(r"\d+%\||\|\s*\d+/\d+ \[|\d(?:it/s|s/it)\]")
+
+
+def last_error_line(log: str) -> str:
+    """An engine log's last line that names an error, else its last line that is not a progress bar."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower() and not PROGRESS_BAR.search(line)]
+    plain = [line for line in lines if not PROGRESS_BAR.search(line)]
+    return (errors or plain or ["no output"])[-1][:300]
 
 
 class WorkerProcess(EngineProcess):

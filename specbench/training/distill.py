@@ -288,12 +288,29 @@ def distill(
 ) -> list[Path]:
     """Build (or read) the teacher data, then train and save each student; returns their folders."""
     target = sources.load(sources.ModelRequest("target", teacher.target, dtype="float32", device="cpu"))
+    check_students(target, teacher.target, students)  # before minutes of teacher data
     data = teacher_data(target, teacher, progress)
     split = torch.randperm(len(data), generator=torch.Generator().manual_seed(1234)).tolist()
     n_held = max(1, round(held_out_fraction * len(data)))
     held_out = [data[i] for i in split[:n_held]]
     train = [data[i] for i in split[n_held:]]
     return [trainer_of(c.size).train(target, teacher, train, held_out, c, progress) for c in students]
+
+
+def check_students(target, source: str, students: list[StudentConfig]) -> None:
+    """Each student fits ``target`` (loaded from ``source``): an exit head ``exit<N>`` reads fewer of
+    its layers than it has."""
+    layers = getattr(target.model.config, "num_hidden_layers", None)
+    for config in students:
+        if not config.size.startswith("exit") or layers is None:
+            continue
+        exit_after = int(config.size[4:])
+        if not 1 <= exit_after < layers:
+            raise SpecbenchError(
+                f"--size {config.size}",
+                f"an exit after {exit_after} layers of {source}, which has {layers}",
+                f"use exit1 ... exit{layers - 1}",
+            )
 
 
 def _train_model(target, teacher: TeacherConfig, train, held_out, config: StudentConfig, progress) -> Path:

@@ -109,6 +109,19 @@ def split_source(source: str) -> tuple[str, str]:
     return task, split
 
 
+def check_extra(extra: tuple[str, ...] | list[str], data_dir: str) -> None:
+    """Every ``--extra-prompts`` source names a known task and a split the data folder holds, checked
+    before the target loads and the teacher data is built (minutes)."""
+    for source in extra:
+        task, split = split_source(source)
+        if _training_file(task, split, data_dir) is None:
+            raise SpecbenchError(
+                f"--extra-prompts {source}",
+                f"no {split}.jsonl of {task} under {data_dir}",
+                "name a split the data folder holds (ls it), or point --data-dir at another folder",
+            )
+
+
 def split_label(source: str) -> str:
     """``"task:split"`` -> the label of its rows in a run (``task/split``, :class:`DatasetRun`'s)."""
     return "/".join(split_source(source))

@@ -269,6 +269,9 @@ def write_files(tmp: Path) -> None:
     )
     (tmp / "data-surrogate.jsonl").write_bytes(b'{"question": "\\ud800", "answer": "#### 1"}\n')
     (tmp / "corpus.txt").write_text("a b c\n")
+    _users_folder(tmp).mkdir()
+    (_users_folder(tmp) / "notes.txt").write_text("the user's own notes\n")
+    (tmp / "no-data").mkdir()
     (tmp / "torn-run").mkdir()
     (tmp / "torn-run" / "examples.jsonl").write_bytes(b'{"key": "a"}\n{"key": "b", "tru')
 
@@ -322,6 +325,16 @@ def command_cases(tmp: Path) -> list[Case]:
         Case("run: missing recipe", argv=("run", str(tmp / "nowhere.yaml")), field="nowhere.yaml"),
         Case("run: recipe is a directory", argv=("run", str(tmp / "empty-dir")), field="empty-dir"),
     ]
+
+
+def _users_folder(tmp: Path) -> Path:
+    return tmp / "mine"  # holds notes.txt (write_files)
+
+
+def _distill(tmp: Path, *options: str) -> tuple[str, ...]:
+    """distill on the tiny target with an empty data folder: a case must fail before any teacher data."""
+    size = () if "--size" in options else ("--size", "small")
+    return ("distill", "--target", "tiny-llama", *size, "--data-dir", str(tmp / "no-data"), *options)
 
 
 def _bigram_build(corpus: str, out: str) -> tuple[str, ...]:
@@ -381,6 +394,11 @@ def hostile_cases(tmp: Path) -> list[Case]:
             field="--output-dir",
         ),
         Case(
+            "run: -o into a folder of the user's own files",
+            argv=("run", str(ROOT / "recipes/quickstart-tiny.yaml"), "-o", str(_users_folder(tmp))),
+            field="holds other files (notes.txt) and no run",
+        ),
+        Case(
             "bench: a statistical drafter",
             argv=("bench", "--target", "tiny-llama", "--drafter", "prompt-lookup"),
             field="--drafter",
@@ -394,6 +412,21 @@ def hostile_cases(tmp: Path) -> list[Case]:
             "bigram build: an empty corpus",
             argv=_bigram_build(str(_data_path(tmp, "empty")), str(tmp / "t.json")),
             field="--corpus",
+        ),
+        Case(
+            "distill: --extra-prompts of an unknown task",
+            argv=_distill(tmp, "--extra-prompts", "nosuch:split", "--leave-out", "none"),
+            field="--extra-prompts nosuch:split",
+        ),
+        Case(
+            "distill: --extra-prompts of a split the data folder lacks",
+            argv=_distill(tmp, "--extra-prompts", "gsm8k:nosplit", "--leave-out", "none"),
+            field="--extra-prompts gsm8k:nosplit",
+        ),
+        Case(
+            "distill: an exit past the target's layers",
+            argv=_distill(tmp, "--size", "exit999"),
+            field="exit999",
         ),
         Case(
             "bigram build: an unwritable table",

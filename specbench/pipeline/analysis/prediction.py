@@ -179,14 +179,39 @@ def cell_predictions(
 HELD_OUT_COLUMNS = ("tokens_per_s_predicted", "speedup_predicted", "speedup_prediction_error")
 
 
-def held_out_columns(rows: Sequence[dict], machine_of: Callable[[dict], str]) -> pd.DataFrame:
+def held_out_columns(
+    rows: Sequence[dict], machine_of: Callable[[dict], str], predicted: dict[str, float] | None = None
+) -> pd.DataFrame:
     """cells.csv's prediction columns (HELD_OUT_COLUMNS) by (dataset, cell, machine): tokens/s and
-    speedup predicted held out (:func:`cross_validated`), and the speedup's error."""
-    table = cell_predictions(rows, cross_validated(rows, machine_of), machine_of)
+    speedup predicted held out (``predicted``, else :func:`cross_validated`), and the speedup's error."""
+    if predicted is None:
+        predicted = cross_validated(rows, machine_of)
+    table = cell_predictions(rows, predicted, machine_of)
     if table.empty:
         return pd.DataFrame(columns=["dataset", "cell", "machine", *HELD_OUT_COLUMNS])
     table = table.rename(columns={"speedup_error": "speedup_prediction_error"})
     return table[["dataset", "cell", "machine", *HELD_OUT_COLUMNS]]
+
+
+# a row whose walltime is more than this many times its held-out prediction, or less than its
+# reciprocal, is one the counts do not explain: something outside the decoding loop took its time
+MISSED_BY = 2.0
+
+
+def missed_rows(
+    rows: Sequence[dict], predicted: dict[str, float], machine_of: Callable[[dict], str]
+) -> dict[tuple[str, str, str], int]:
+    """(dataset, cell, machine) -> its rows whose walltime misses their held-out prediction by more
+    than a factor MISSED_BY either way."""
+    missed: dict[tuple[str, str, str], int] = defaultdict(int)
+    for row in rows:
+        forecast = predicted.get(row.get("key"))
+        if not forecast or not timed(row) or not forecast > 0:
+            continue
+        ratio = row["walltime"] / forecast
+        if ratio > MISSED_BY or ratio < 1 / MISSED_BY:
+            missed[(row["dataset"], row["cell"], machine_of(row))] += 1
+    return dict(missed)
 
 
 def median_abs_error(table: pd.DataFrame, column: str = "speedup_error") -> float:

@@ -24,6 +24,7 @@ from specbench.decoding.steps import (
     position_counts,
 )
 from specbench.methods import BASELINE, METHODS
+from specbench.models import memory_pressure
 from specbench.models.costs import swi, weighted_passes
 from specbench.pipeline.analysis import prediction
 from specbench.pipeline.analysis.statistics import (
@@ -190,6 +191,13 @@ def _timing(rows: list[dict]) -> dict:
         headroom = [r["cpu_headroom"] for r in rows if r.get("cpu_headroom") is not None]
         if headroom:
             out["cpu_headroom"] = float(np.mean(headroom))
+    read_back = [mb for mb in map(memory_pressure.read_back_mb, rows) if mb is not None]
+    if read_back:  # pages read back from disk while rows ran: memory, not CPU, spoiled them
+        out["disturbed_rows"] = sum(mb >= memory_pressure.DISTURBING_MB for mb in read_back)
+        out["read_back_mb_max"] = max(read_back)
+        available = [r["available_memory_mb"] for r in rows if r.get("available_memory_mb") is not None]
+        if available:
+            out["available_memory_mb_min"] = min(available)
     # rows from before they named their engine: compiled ones were charged compile time
     engines = {r.get("engine") or ("compiled" if "compile_s" in r else "eager") for r in rows}
     out["engine"] = "+".join(sorted(engines))
@@ -301,12 +309,19 @@ def summarise(rows: list[dict], machine: str | None = None) -> pd.DataFrame:
 def _with_predictions(table: pd.DataFrame, rows: list[dict], machine: str | None) -> pd.DataFrame:
     """Tokens/s and speedup predicted from the counts and a pass cost fitted to the other half of the
     examples (prediction.py), and the speedup's error: how well the counts explain the walltime."""
-    predicted = prediction.held_out_columns(rows, functools.partial(_machine, default=machine))
+    machine_of = functools.partial(_machine, default=machine)
+    per_row = prediction.cross_validated(rows, machine_of)
+    predicted = prediction.held_out_columns(rows, machine_of, per_row)
     by_cell = predicted.set_index(["dataset", "cell", "machine"])
     for name in prediction.HELD_OUT_COLUMNS:
         table[name] = [
             by_cell[name].get((r.dataset, r.cell, r.machine), math.nan) for r in table.itertuples()
         ]
+    # rows whose walltime is far from what the cell's other-half fit gives them: something else ran
+    missed = prediction.missed_rows(rows, per_row, machine_of)
+    table["prediction_missed_rows"] = [
+        missed.get((r.dataset, r.cell, r.machine), 0) for r in table.itertuples()
+    ]
     return table
 
 

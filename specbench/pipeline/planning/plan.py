@@ -40,6 +40,7 @@ from specbench import sources
 from specbench.engines import ENGINE_NAMES
 from specbench.methods import BASELINE, METHODS, TARGET
 from specbench.pipeline.planning import placement
+from specbench.pipeline.planning.host_memory import host_memory
 from specbench.pipeline.planning.placement import GiB
 from specbench.pipeline.records.results import CELLS, EXAMPLES, RESOLVED_RECIPE, read_examples
 
@@ -180,6 +181,8 @@ def build_plan(
     return {
         "recipe": recipe.name,
         "path": str(recipe.path),
+        # on a CPU run: whether the models and kept-alive engines fit in this machine's memory at once
+        "host_memory": None if gpu_planned else host_memory(recipe, models),
         "assumptions": {
             "sequence_tokens": sequence,
             "datasets": datasets,

@@ -36,6 +36,7 @@ from specbench.decoding.generation import Generation, first_difference
 from specbench.engines import BACKENDS, ENGINE_NAMES, EngineModel
 from specbench.errors import SpecbenchError
 from specbench.methods import METHODS, Request
+from specbench.models import memory_pressure
 from specbench.models.cache import DISTILLED_PREFIX
 from specbench.models.compiled import CompiledHFModel
 from specbench.models.costs import cell_costs
@@ -248,16 +249,23 @@ class Measurer(RowKeys):
         check = cell.replay and example.id in {e.id for e in dataset.examples[: self.recipe.replay_check]}
         engine = models.target if isinstance(models.target, EngineModel) else None
         before, engine_before = cpu_times(), group_cpu_seconds(engine.process_groups()) if engine else 0.0
+        memory_before = memory_pressure.snapshot()
+        faults_before = memory_pressure.group_major_faults(engine.process_groups()) if engine else 0
         request, generation, replay, repeats = self._measure(dataset, cell, models, example, check)
         # an engine's processes work for this row: their CPU is not the others'
         engine_cpu = group_cpu_seconds(engine.process_groups()) - engine_before if engine else 0.0
         others = others_share(before, cpu_times(), also_own=engine_cpu)
+        engine_faults = (
+            memory_pressure.group_major_faults(engine.process_groups()) - faults_before if engine else 0
+        )
+        memory = memory_pressure.row_fields(memory_before, memory_pressure.snapshot(), engine_faults)
         peak = peak_memory_mb(models.target.device)  # before the lossless check's own passes
         row = self._row(dataset, cell, example, models.target, request, generation, replay)
         if repeats:
             row["walltime_repeats"] = [g.walltime for g in repeats]
             row["ttft_repeats"] = [g.ttft for g in repeats]
         row["peak_memory_mb"] = peak
+        row.update(memory)  # pages read back from disk while the row ran (memory_pressure.py)
         if others is not None:  # a loaded machine's walltimes are not clean (machine.LOADED)
             row["others_cpu"] = others
             # cores left to our threads after the others' share: < 0, our threads competed for cores

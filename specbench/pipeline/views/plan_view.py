@@ -94,12 +94,37 @@ def notes(plan: dict) -> list[str]:
         "weights / bandwidth is a lower bound (no kernel launch or Python cost)",
         *sorted({f"passes, {c['method']}: {c['rule']}" for c in plan["cells"]}),
     ]
+    lines += _host_memory(plan.get("host_memory"))
     total = f"total: {totals['rows']} rows, {_duration(totals['hours'] * 3600)}"
     if totals["gpu_hours"] is not None:
         total += f", {totals['gpu_hours']:.1f} GPU-hours on {totals['gpus_used']} GPU(s)"
     if totals["rows_unknown"]:
         total += f" (+ {totals['rows_unknown']} cells of unknown size)"
     return [*lines, total]
+
+
+def _host_memory(bill: dict | None) -> list[str]:
+    """The host-memory line of a CPU plan, a warning where the models and engines do not fit."""
+    if not bill:
+        return []
+    engines = "".join(
+        f" + {e['kept']} kept-alive {e['engine']} engine(s) of {e['model']} ({e['settings']} speculative "
+        f"settings) {show_bytes(e['bytes'])}"
+        for e in bill["engines"]
+    )
+    needed = (
+        f"{show_bytes(bill['needed_bytes'])}: specbench's models {show_bytes(bill['own_bytes'])}{engines}"
+    )
+    if bill["available_bytes"] is None:
+        return [f"host memory: needs about {needed} (this machine's available memory is unreadable)"]
+    there = show_bytes(bill["available_bytes"])
+    if bill["fits"]:
+        return [f"host memory: needs about {needed}, of {there} available"]
+    return [
+        f"! host memory: needs about {needed}, but this machine has {there} available: weights will be "
+        "evicted and re-read from disk during rows, and their walltimes will not be clean; lower "
+        "engine_options.max_engines, or split the recipe"
+    ]
 
 
 def _count(value: float) -> str:

@@ -14,6 +14,7 @@ from rich.text import Text
 from specbench.errors import SpecbenchError
 from specbench.methods import BASELINE
 from specbench.models.machine import LOADED
+from specbench.models.memory_pressure import DISTURBING_MB
 from specbench.pipeline.records.results import (
     CELLS,
     measured_on,
@@ -243,6 +244,34 @@ def loaded_note(cells: pd.DataFrame) -> str:
     )
 
 
+def disturbed_note(cells: pd.DataFrame) -> str:
+    """The line under a report whose rows memory disturbed (pages read back from disk while they ran)
+    or whose walltimes their held-out prediction does not explain; empty for runs without either."""
+    parts = []
+    for column, what in (
+        ("disturbed_rows", f"read back from disk {DISTURBING_MB:.0f} MiB or more while timed (major page "
+         "faults, swap-in)"),
+        ("prediction_missed_rows", "took more than twice, or less than half, the walltime their held-out "
+         "prediction gives"),
+    ):  # fmt: skip
+        if column not in cells.columns:
+            continue
+        hit = cells[cells[column].fillna(0) > 0]
+        if hit.empty:
+            continue
+        named = ", ".join(
+            f"{r['dataset']} {r['cell']} ({int(r[column])})" for r in hit.head(6).to_dict("records")
+        )
+        more = f" and {len(hit) - 6} more" if len(hit) > 6 else ""
+        parts.append(f"rows of {named}{more} {what}")
+    if not parts:
+        return ""
+    return (
+        "! " + "; ".join(parts) + ": their walltimes are not clean (memory pressure or other work, not the "
+        "decoding loop); measure them again with fewer models and engines held at once."
+    )
+
+
 def _engine(record: dict) -> str:
     """A cell's engine; cells.csv files from before the column: compiled where compile time was charged."""
     if isinstance(record.get("engine"), str):
@@ -306,7 +335,7 @@ def render(results: Path, fmt: str = "table", console: Console | None = None) ->
         "to the other half of the examples (specbench predict RUN shows its error)." + _bootstrap_note(cells)
     )
     lines = [measured_on(directory) for directory in run_directories(results)]
-    lines += [line for line in (loaded_note(cells), engines_note(cells), note) if line]
+    lines += [line for line in (loaded_note(cells), disturbed_note(cells), engines_note(cells), note) if line]
     return emit(frame, list(_by_dataset(frame)), fmt, "\n".join(lines), console, captions(cells))
 
 

@@ -1,0 +1,59 @@
+"""Whether a recipe's models and the serving engines it keeps alive fit in this machine's memory
+together, before a run: where they do not, the kernel evicts weights and rows re-read them from disk,
+which spoils their walltimes without any CPU used by others (:mod:`specbench.models.memory_pressure`).
+
+The bill: every model specbench itself loads (weights + KV cache, the plan's footprint), plus, for each
+target served by an engine (``engine: vllm``), one engine per speculative setting its cells ask for, up
+to the engine's ``max_engines`` kept at once (4 on a CPU), each holding the target's weights, its KV
+cache (``kv_cache_gib``), a model drafter's weights where the setting drafts with one, and
+:data:`ENGINE_RUNTIME` for the engine's own process. An estimate, stated as one: allocator slack, page
+cache and the engine's compile caches come on top.
+"""
+
+from __future__ import annotations
+
+import json
+
+from specbench.engines import ENGINE_NAMES
+from specbench.methods import BASELINE
+from specbench.models.memory_pressure import available_bytes
+from specbench.pipeline.planning.placement import GiB
+
+ENGINE_RUNTIME = 1 * GiB  # an engine process's interpreter, torch and scheduler, besides its tensors
+ENGINES_KEPT_ON_CPU = 4  # vLLM's max_engines default on a CPU (specbench.engines.vllm)
+
+
+def host_memory(recipe, models: list[dict], available: int | None = None) -> dict:
+    """The bill (module docstring) against ``available`` bytes (default: MemAvailable now).
+    ``models``: the plan's model entries (name, weight_bytes, footprint_bytes)."""
+    by_name = {m["name"]: m for m in models}
+    own = sum(m["footprint_bytes"] for m in models if recipe.models[m["name"]].engine not in ENGINE_NAMES)
+    engines = []
+    for name, spec in recipe.models.items():
+        if spec.engine not in ENGINE_NAMES:
+            continue
+        settings: dict[str, int] = {}
+        for cell in recipe.cells():
+            if cell.target != name:
+                continue
+            key = json.dumps([cell.method, cell.drafter, cell.params], sort_keys=True, default=str)
+            drafter = by_name.get(cell.drafter) if cell.method != BASELINE and cell.drafter else None
+            settings[key] = drafter["weight_bytes"] if drafter else 0
+        if not settings:
+            continue
+        kept = min(len(settings), spec.engine_options.get("max_engines") or ENGINES_KEPT_ON_CPU)
+        drafters = sorted(settings.values(), reverse=True)[:kept]  # the largest kept at once, at worst
+        each = by_name[name]["footprint_bytes"] + ENGINE_RUNTIME
+        engines.append(
+            {"model": name, "engine": spec.engine, "settings": len(settings), "kept": kept,
+             "bytes": kept * each + sum(drafters)}
+        )  # fmt: skip
+    needed = own + sum(e["bytes"] for e in engines)
+    available = available_bytes() if available is None else available
+    return {
+        "own_bytes": own,
+        "engines": engines,
+        "needed_bytes": needed,
+        "available_bytes": available,
+        "fits": None if available is None else needed <= available,
+    }
