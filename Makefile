@@ -18,7 +18,7 @@ DEMO_OUT    ?= runs/demo
 DATA_DIR    ?= $(or $(SPECBENCH_DATA_DIR),../shared/data)
 CACHE       ?= $(or $(SPECBENCH_CACHE),$(HOME)/.cache/specbench)
 
-.PHONY: install install-vllm demo test test-slow lint bench models drafts heads drafts-exit reproduce-table2 reproduce-table2-tiny clean-venv
+.PHONY: install install-vllm install-chromium demo site test test-slow lint bench models drafts heads drafts-exit reproduce-table2 reproduce-table2-tiny clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -50,7 +50,17 @@ install-vllm: $(VLLM_STAMP)
 ## A second `make demo` on the same machine only prints; on another machine, use another DEMO_OUT.
 demo: install
 	$(BIN)/specbench run recipes/demo.yaml --output-dir $(DEMO_OUT) --resume
-	$(BIN)/specbench compare $(DEMO_OUT) $(sort $(wildcard results/demo/*/))
+	$(BIN)/specbench compare $(DEMO_OUT) $(sort $(wildcard results/demo/*/)) --html $(DEMO_OUT)/compare.html
+
+## site: every committed run under results/ as static pages in site/ (open site/index.html).
+site: install
+	$(BIN)/specbench site results -o site
+
+## install-chromium: Debian's chromium, for the headless browser test of the pages (tests/test_html_browser.py).
+install-chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
 ## test: the default suite (tiny random models; SmolLM2 tests run too when SPECBENCH_SLOW=1).
 test: install

@@ -185,6 +185,8 @@ def test_a_run_from_before_a_generation_setting_existed_compares_with_one_that_l
         (("max_new_tokens: 8", "max_new_tokens: 6"), "generation settings"),
         (("max_new_tokens: 8", "max_new_tokens: 8, max_length: 200"), "generation settings"),
         (("limit: 3", "limit: 2"), "examples"),
+        (("limit: 3}", "limit: 3, max_new_tokens: 6}"), "generation settings"),  # the dataset's own budget
+        (("limit: 3}", "limit: 3, chat_template: false}"), "prompts"),
         (("params: {k: 2}", "params: {k: 2, lenience: 2.0}"), "method and parameters"),
         (("init_std: 0.3", "init_std: 0.2"), "models"),  # the same source, built with other options
     ],
@@ -203,3 +205,20 @@ def test_a_cell_that_is_another_experiment_is_refused_unless_allowed(tmp_path: P
     marked = runner.invoke(app, ["compare", str(a), str(b), "--allow-incomparable", "-f", "csv"]).output
     frame = pd.read_csv(StringIO(marked), dtype=str).set_index("method")
     assert frame.loc["sd", "tok/s b/a"].endswith(" ≠")
+
+
+def test_a_run_measured_beside_other_work_is_flagged_under_the_comparison(tmp_path: Path):
+    quiet = _run(tmp_path / "quiet", {"ar": 10.0, "sd[k=2]": 20.0})
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    rows = [
+        row | {"others_cpu": 0.6, "cpu_headroom": -1.0}
+        for cell in ("ar", "sd[k=2]")
+        for row in _rows(cell, 5.0)
+    ]
+    write_cells_csv(busy, rows)
+    result = runner.invoke(app, ["compare", str(quiet), str(busy)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert text.count("other processes used more than") == 1
+    assert "busy: ! 2 cell(s) (arithmetic/test ar" in text

@@ -13,7 +13,7 @@ from specbench.models import memory_pressure
 from specbench.models.memory_pressure import MemorySnapshot
 from specbench.pipeline.analysis import prediction
 from specbench.pipeline.planning.host_memory import ENGINE_RUNTIME, host_memory
-from specbench.pipeline.views.report import disturbed_note
+from specbench.pipeline.views.notes import disturbed_note
 from specbench.recipe import load_recipe
 from specbench.tasks import TASKS
 

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from specbench.cli.common import help_from, user_errors, write_text
+from specbench.cli.common import err, help_from, user_errors, write_text
 from specbench.errors import SpecbenchError
 
 
@@ -49,6 +49,17 @@ def report(
         help="A cell of the run (e.g. ar-compiled, sd-lookup): every cell's tokens/s over that cell's on "
         "the same examples, with a 95% paired bootstrap interval, and how many outputs differ from it.",
     ),
+    html: Path = typer.Option(
+        None,
+        "--html",
+        help="Also write the run as one self-contained HTML page (opens from disk, fetches nothing): the "
+        "machine card, these tables with their intervals and why-lines, acceptance by position, tokens "
+        "per step, the lossless tally with the diverging examples, predicted vs measured speedup, the load "
+        "curves and the cascades' quality-latency frontier where the run has them. RESULTS must be one run.",
+    ),
+    json: Path = typer.Option(
+        None, "--json", help="Also write the HTML page's numbers as JSON (for other tools); one run."
+    ),
 ):
     """One table per dataset: method, drafters, k, SWI (MS, PW), tokens/s, speedup, acceptance, quality.
 
@@ -59,6 +70,11 @@ def report(
     chosen = [name for name, value in (("--by", by), ("--paper", paper), ("--baseline", baseline)) if value]
     if len(chosen) > 1:
         raise SpecbenchError(chosen[1], f"cannot be combined with {chosen[0]}", "pass one of them")
+    page = "--html" if html else "--json" if json else None
+    if chosen and page:
+        raise SpecbenchError(
+            page, f"writes the run's page, which {chosen[0]} does not shape", f"drop {chosen[0]} (or {page})"
+        )
     if by is not None:
         if by not in ("category", "step"):
             raise SpecbenchError("--by", f"unknown breakdown {by!r}", "use --by category or --by step")
@@ -78,8 +94,36 @@ def report(
     else:
         from specbench.pipeline.views.report import render
 
+        if html or json:  # before the tables: a folder of runs or a bad path is refused first
+            from specbench.pipeline.views.run_page import run_directory
+
+            run_directory(results)
+            _check_page_outputs(html, json)
         text = render(results, format)
     write_text(text)
+    if html or json:
+        from specbench.papers.registry import paper_sections
+        from specbench.pipeline.views.run_page import render_run, run_directory
+
+        page, twin = render_run(results, paper_sections(run_directory(results)))
+        _write_page(html, page, json, twin)
+
+
+def _check_page_outputs(html: Path | None, json: Path | None) -> None:
+    from specbench.pipeline.views.html import check_output_file
+
+    for path, flag in ((html, "--html"), (json, "--json")):
+        if path is not None:
+            check_output_file(path, flag)
+
+
+def _write_page(html: Path | None, page: str, json: Path | None, twin: str) -> None:
+    from specbench.pipeline.views.html import write
+
+    for path, text in ((html, page), (json, twin)):
+        if path is not None:
+            write(path, text)
+            err.print(f"wrote {path}", highlight=False, soft_wrap=True)
 
 
 @user_errors
@@ -94,6 +138,13 @@ def compare(
         help="Show cells that are another experiment in a later run (other models, generation settings, "
         "method parameters or examples) marked ≠ instead of refusing them.",
     ),
+    html: Path = typer.Option(
+        None,
+        "--html",
+        help="Also write the comparison as one self-contained HTML page: each run's machine and models, "
+        "these tables (sortable by a click) and a tokens/s chart per dataset.",
+    ),
+    json: Path = typer.Option(None, "--json", help="Also write the HTML page's numbers as JSON."),
 ):
     """The same cells of several runs side by side, one table per dataset.
 
@@ -108,8 +159,15 @@ def compare(
     """
     from specbench.pipeline.views.compare import render_compare
 
+    if html or json:
+        _check_page_outputs(html, json)
     text = render_compare(runs, format, allow_incomparable=allow_incomparable)
     write_text(text)
+    if html or json:
+        from specbench.pipeline.views.compare_page import render_comparison
+
+        page, twin = render_comparison(runs, allow_incomparable)
+        _write_page(html, page, json, twin)
 
 
 @user_errors
@@ -156,3 +214,29 @@ def check(
     Console(width=200).print(table)
     if failed:
         raise typer.Exit(1)
+
+
+@user_errors
+def site(
+    results: Path = typer.Argument(Path("results"), help="A folder of run directories (searched below)."),
+    out: Path = typer.Option(
+        ..., "--output-dir", "-o", help="Where the site goes (index.html and the rest)."
+    ),
+):
+    """Every run below RESULTS as a static site that opens from disk and fetches nothing.
+
+    index.html lists one row per run (paper, models, machine, best speedup over AR with its interval,
+    lossless tally), each linked to the run's page (the page of `report RUN --html`, with its JSON
+    twin beside it); claims.html renders RESULTS/CLAIMS.md with each cited run linked; papers.html
+    holds the papers' tables (report --paper) over each paper's runs. Example:
+    specbench site results -o site
+    """
+    from rich.progress import Progress
+
+    from specbench.papers.site import build_site, check_site_folder, run_directories
+
+    check_site_folder(out)
+    with Progress(console=err, transient=True) as progress:
+        task = progress.add_task("pages", total=len(run_directories(results)))
+        written = build_site(results, out, progress=lambda: progress.advance(task))
+    err.print(f"wrote {len(written)} files; open {out / 'index.html'}", highlight=False, soft_wrap=True)

@@ -62,11 +62,11 @@ def theory_help() -> str:
 
 
 def views_on_demand(folder: str) -> Callable[[str], object]:
-    """A paper folder's module ``__getattr__``: its ``PAPERS`` and ``FIGURES``, declared in its ``views``
-    (which imports pandas and torch), load when a registry first reads them."""
+    """A paper folder's module ``__getattr__``: its ``PAPERS``, ``FIGURES`` and ``SECTIONS``, declared in
+    its ``views`` (which imports pandas and torch), load when a registry first reads them."""
 
     def __getattr__(name: str) -> object:
-        if name in ("PAPERS", "FIGURES"):
+        if name in ("PAPERS", "FIGURES", "SECTIONS"):
             views = importlib.import_module(f"{folder}.views")
             if hasattr(views, name):
                 return getattr(views, name)

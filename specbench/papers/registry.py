@@ -1,8 +1,9 @@
 """The ``--paper`` names of ``specbench report`` and the ``--figure`` names of ``specbench plot``.
 
-Each paper folder lists its :class:`~specbench.papers.base.Paper` views in its ``PAPERS`` and its
-figures in its ``FIGURES`` (the generic figures are :data:`specbench.pipeline.views.plots.FIGURES`); the
-registries here collect them, so :mod:`specbench.papers.base` never imports a paper.
+Each paper folder lists its :class:`~specbench.papers.base.Paper` views in its ``PAPERS``, its
+figures in its ``FIGURES`` (the generic figures are :data:`specbench.pipeline.views.plots.FIGURES`) and
+the sections it adds to a run's HTML page in its ``SECTIONS``; the registries here collect them, so
+:mod:`specbench.papers.base` never imports a paper.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from rich.console import Console
 
 from specbench.errors import SpecbenchError
 from specbench.papers.base import Paper, render
+from specbench.pipeline.views.html import PageSection, Section
 from specbench.pipeline.views.plots import Figure
 from specbench.registry import Registry
 
@@ -28,6 +30,14 @@ FIGURES: Registry[Figure] = Registry(
     "figure", "specbench.papers", "FIGURES", modules=_paper_folder, also=("specbench.pipeline.views.plots",)
 )
 ALL_FIGURES = "all"
+SECTIONS: Registry[PageSection] = Registry(
+    "page section", "specbench.papers", "SECTIONS", modules=_paper_folder
+)
+
+
+def paper_sections(run_dir: Path) -> list[Section]:
+    """The sections the papers add to ``run_dir``'s HTML page, where the run holds what they show."""
+    return [section for entry in SECTIONS.values() if (section := entry.build(run_dir)) is not None]
 
 
 def check_paper(paper: str) -> Paper:

@@ -1,9 +1,11 @@
-"""Speculative Cascades' ``--paper`` view (``PAPERS``) and ``--figure curves`` (``FIGURES``), read by
-:mod:`specbench.papers.registry`."""
+"""Speculative Cascades' ``--paper`` view (``PAPERS``), ``--figure curves`` (``FIGURES``) and the
+quality-latency section of a run's HTML page (``SECTIONS``), read by :mod:`specbench.papers.registry`."""
 
 from specbench.papers.base import Paper
 from specbench.papers.spec_cascades.curves import write_curves
+from specbench.papers.spec_cascades.page import frontier_section
 from specbench.papers.spec_cascades.tables import spec_cascades_reference, table2
+from specbench.pipeline.views.html import PageSection
 from specbench.pipeline.views.plots import Figure
 
 PAPERS = (
@@ -28,3 +30,5 @@ FIGURES = (
         write_curves,
     ),
 )
+
+SECTIONS = (PageSection("quality-latency", frontier_section),)

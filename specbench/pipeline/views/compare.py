@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -33,6 +34,7 @@ from specbench.pipeline.records.results import (
     read_environment,
     read_examples,
 )
+from specbench.pipeline.views.notes import loaded_note
 from specbench.pipeline.views.report import display_frame, emit, load_cells
 
 MISSING = "—"
@@ -71,8 +73,8 @@ def compare_frame(
     runs: list[tuple[str, pd.DataFrame]], different: set | frozenset = frozenset()
 ) -> pd.DataFrame:
     """One row per (dataset, cell) of any run, in the first run's order then the others': dataset,
-    method, k, then per run its tok/s, speedup, SWI MS and acc. len, and for every run after the first
-    ``tok/s <run>/<first>``. ``runs``: (label, cells.csv frame as :func:`load_run` gives it);
+    cell id, method, k, then per run its tok/s, speedup, SWI MS and acc. len, and for every run after
+    the first ``tok/s <run>/<first>``. ``runs``: (label, cells.csv frame as :func:`load_run` gives it);
     ``different``: the (run label, dataset, cell) that are not the first run's experiment, whose ratio
     is marked ``≠``."""
     _check_count(runs)
@@ -94,7 +96,7 @@ def compare_frame(
     rows = []
     for key in keys:
         some = next(cells[key] for cells in shown if key in cells)
-        row = {"dataset": key[0], "method": some["method"], "k": some["k"] or MISSING}
+        row = {"dataset": key[0], "cell": key[1], "method": some["method"], "k": some["k"] or MISSING}
         for (label, _), cells in zip(runs, shown, strict=True):
             for column, name in SHOWN:
                 row[f"{label} {name}"] = cells[key][column] if key in cells else MISSING
@@ -117,10 +119,12 @@ def experiments(path: Path, cells: pd.DataFrame) -> dict[tuple[str, str], dict]:
     generation = _generation(recipe)
     budgets = _dataset_budgets(recipe)
     examples: dict[tuple[str, str], list] = {}
+    prompts: dict[tuple[str, str], list] = {}
     for row in read_examples(path):
-        examples.setdefault((row.get("dataset"), row.get("cell")), []).append(
-            (str(row.get("example_id")), row.get("gold_sha"))
-        )
+        key = (row.get("dataset"), row.get("cell"))
+        examples.setdefault(key, []).append((str(row.get("example_id")), row.get("gold_sha")))
+        prompts.setdefault(key, []).append((str(row.get("example_id")), row.get("prompt_tokens")))
+    templates = _chat_templates(recipe)
     found = {}
     for record in cells.to_dict("records"):
         key = (record["dataset"], record["cell"])
@@ -135,13 +139,26 @@ def experiments(path: Path, cells: pd.DataFrame) -> dict[tuple[str, str], dict]:
             "method and parameters": [record.get("method"), _parsed(record.get("params"))],
             "models": [sources.get(name) if sources else None for name in names if name and name == name],
             "generation settings": settings,
-            "examples": (
-                hashlib.sha256(json.dumps(listed).encode()).hexdigest()[:12] + f" ({len(listed)})"
-                if listed
-                else None
-            ),
+            "examples": _digest(listed),
+            # the prompts as the target saw them: each example's length in tokens (a template or a chat
+            # template changed moves it) and whether the dataset used the chat template
+            "prompts": _prompts(prompts.get(key, []), templates.get(record["dataset"])),
         }
     return found
+
+
+def _digest(listed: list) -> str | None:
+    return (
+        hashlib.sha256(json.dumps(listed).encode()).hexdigest()[:12] + f" ({len(listed)})" if listed else None
+    )
+
+
+def _prompts(listed: list, chat_template: bool | None) -> str | None:
+    """A digest of (example id, prompt tokens) and the chat template flag; None (agrees with anything)
+    where rows from before ``prompt_tokens`` leave some length unknown."""
+    if not listed or any(tokens is None for _, tokens in listed):
+        return None
+    return _digest(sorted(set(listed), key=str) + [["chat_template", chat_template]])
 
 
 def _model_sources(recipe: dict, environment: dict) -> dict[str, object]:
@@ -178,20 +195,34 @@ def _resolved_recipe(path: Path) -> dict:
 
 def _dataset_budgets(recipe: dict) -> dict[str, int]:
     """dataset label (task/split) -> the dataset's own max_new_tokens, where it sets one."""
-    budgets = {}
-    for spec in recipe.get("datasets") or []:
-        if not isinstance(spec, dict) or spec.get("max_new_tokens") is None:
-            continue
-        split = spec.get("split")
-        if split is None:
-            try:
-                from specbench.tasks import get_task
+    return {
+        label: spec["max_new_tokens"]
+        for spec in recipe.get("datasets") or []
+        if isinstance(spec, dict) and spec.get("max_new_tokens") is not None
+        and (label := _dataset_label(spec)) is not None
+    }  # fmt: skip
 
-                split = get_task(spec.get("task")).default_split
-            except Exception:  # an unknown task: its label cannot match a known one anyway
-                continue
-        budgets[f"{spec.get('task')}/{split}"] = spec["max_new_tokens"]
-    return budgets
+
+def _chat_templates(recipe: dict) -> dict[str, bool]:
+    """dataset label (task/split) -> whether its prompts went through the chat template."""
+    return {
+        label: spec.get("chat_template", True)
+        for spec in recipe.get("datasets") or []
+        if isinstance(spec, dict) and (label := _dataset_label(spec)) is not None
+    }
+
+
+def _dataset_label(spec: dict) -> str | None:
+    """A recipe dataset's label as rows name it (task/split, the task's default split when unset)."""
+    split = spec.get("split")
+    if split is None:
+        try:
+            from specbench.tasks import get_task
+
+            split = get_task(spec.get("task")).default_split
+        except Exception:  # an unknown task: its label cannot match a known one anyway
+            return None
+    return f"{spec.get('task')}/{split}"
 
 
 def incomparable(runs: list[tuple[str, dict]]) -> list[tuple[str, str, str, str, str]]:
@@ -267,14 +298,40 @@ def _ratio(value: float | None, reference: float | None) -> str:
     return f"{value / reference:.2f}x"
 
 
-def render_compare(
-    paths: list[Path], fmt: str = "table", console: Console | None = None, allow_incomparable: bool = False
-) -> str | None:
-    """``specbench compare``: the side-by-side table of ``paths`` (one per dataset), in ``fmt``. A cell
-    that is another experiment in a later run than in the first is refused, or with
-    ``allow_incomparable`` shown marked ``≠`` and named under the table."""
+@dataclass
+class Comparison:
+    """What ``compare`` shows: the runs (label, path, cells), the side-by-side frame (with each row's
+    cell id in ``cell``), one table per dataset, and the lines under them."""
+
+    runs: list[tuple[str, Path, pd.DataFrame]]
+    frame: pd.DataFrame
+    lines: list[str]
+
+    def tables(self) -> list[tuple[str, pd.DataFrame]]:
+        shown = self.frame.drop(columns=["cell"])
+        return [
+            (dataset, group.drop(columns=["dataset"]))
+            for dataset, group in shown.groupby("dataset", sort=False)
+        ]
+
+
+SHORT_LABEL = 10  # longer run names are lettered A, B, ... in a terminal table, with a legend
+
+
+def short_labels(names: list[str]) -> list[str]:
+    """Letters for runs whose names would make a terminal table too wide; the names where all are short."""
+    if max(len(name) for name in names) <= SHORT_LABEL:
+        return names
+    return [chr(ord("A") + i) if i < 26 else f"R{i + 1}" for i in range(len(names))]
+
+
+def prepare(paths: list[Path], allow_incomparable: bool = False, short: bool = False) -> Comparison:
+    """The comparison of ``paths``: a cell that is another experiment in a later run than in the
+    first is refused, or with ``allow_incomparable`` kept marked ``≠`` and named under the tables;
+    ``short``: runs with long names are lettered (a legend line names them)."""
     _check_count(paths)  # before reading any of them
-    runs = [(label, load_run(path)) for label, path in zip(labels(paths), paths, strict=True)]
+    names = labels(paths)
+    runs = [(label, load_run(path)) for label, path in zip(names, paths, strict=True)]
     differences = incomparable(
         [(label, experiments(Path(path), cells)) for (label, cells), path in zip(runs, paths, strict=True)]
     )
@@ -288,29 +345,48 @@ def render_compare(
             "compare runs of the same recipe and data, or pass --allow-incomparable to show such cells "
             f"marked {DIFFERENT}",
         )
-    frame = compare_frame(runs, {(label, dataset, cell) for label, dataset, cell, *_ in differences})
-    tables = [
-        (dataset, group.drop(columns=["dataset"])) for dataset, group in frame.groupby("dataset", sort=False)
-    ]
-    first = runs[0][0]
-    machines = [measured_on(Path(path), label) for label, path in zip(labels(paths), paths, strict=True)]
+    shown = short_labels(names) if short else names
+    rename = dict(zip(names, shown, strict=True))
+    runs = [(rename[label], cells) for label, cells in runs]
+    marked = {(rename[label], dataset, cell) for label, dataset, cell, *_ in differences}
+    frame = compare_frame(runs, marked)
+    first = shown[0]
+    lines = []
+    if shown != names:
+        lines.append(
+            "runs: " + "; ".join(f"{s} = {n} ({p})" for s, n, p in zip(shown, names, paths, strict=True))
+        )
+    lines += [measured_on(Path(path), label) for label, path in zip(shown, paths, strict=True)]
+    # a run measured beside other work says so here too, not only in its own report
+    lines += [f"{label}: {note}" for label, cells in runs if (note := loaded_note(cells))]
     setups = [_setup(Path(path)) for path in paths]
     differ = [
         aspect for aspect in setups[0] if len({json.dumps(s[aspect], sort_keys=True) for s in setups}) > 1
     ]
     if differ:
-        machines.append(
+        lines.append(
             f"The runs differ in {', '.join(differ)}: tok/s X/first compares those too, not only the "
             "methods; each speedup is over its own run's AR cell."
         )
-    machines += [
-        f"{DIFFERENT} {cell} on {dataset} in {label} is another experiment: its {aspect} differ ({detail})."
+    lines += [
+        f"{DIFFERENT} {cell} on {dataset} in {rename[label]} is another experiment: its {aspect} differ "
+        f"({detail})."
         for label, dataset, cell, aspect, detail in differences
     ]
-    note = (
+    lines.append(
         f"Cells matched on dataset and cell id. speedup: tokens/s over the AR cell of the same run; "
         f"[low, high]: its 95% bootstrap interval where the run's {CELLS} has one. tok/s X/{first}: run "
         f"X's tokens/s over {first}'s on the same cell (> 1: X is faster). —: the run has no such cell, "
         "or did not measure the value (replayed cells have no time)."
     )
-    return emit(frame, tables, fmt, "\n".join([*machines, note]), console)
+    return Comparison([(label, Path(p), c) for (label, c), p in zip(runs, paths, strict=True)], frame, lines)
+
+
+def render_compare(
+    paths: list[Path], fmt: str = "table", console: Console | None = None, allow_incomparable: bool = False
+) -> str | None:
+    """``specbench compare``: the side-by-side table of ``paths`` (one per dataset), in ``fmt``; in a
+    terminal table, runs with long names are lettered and each table split to fit the terminal."""
+    comparison = prepare(paths, allow_incomparable, short=fmt == "table")
+    flat = comparison.frame.drop(columns=["cell"])
+    return emit(flat, comparison.tables(), fmt, "\n".join(comparison.lines), console)

@@ -13,14 +13,20 @@ from rich.text import Text
 
 from specbench.errors import SpecbenchError
 from specbench.methods import BASELINE
-from specbench.models.machine import LOADED
-from specbench.models.memory_pressure import DISTURBING_MB
 from specbench.pipeline.records.results import (
     CELLS,
     measured_on,
     read_cells_csv,
     read_environment,
     read_examples,
+)
+from specbench.pipeline.views.notes import (
+    contended,
+    cpu_share,
+    disturbed_note,
+    engines_note,
+    has_engines,
+    loaded_note,
 )
 
 FORMATS = ("table", "csv", "markdown", "latex")
@@ -103,7 +109,7 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
         )
     quality = [c for c in cells.columns if c.startswith("quality_")]
     several_machines = _several_machines(cells)
-    engines = _has_engines(cells)
+    engines = has_engines(cells)
     rows = []
     for r in cells.to_dict("records"):
         row = {
@@ -133,7 +139,7 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
             row[column.removeprefix("quality_")] = format_num(r[column], 3)
         row["lossless"] = format_lossless(r)
         if "others_cpu" in cells.columns:  # other processes' share of the CPU during the cell
-            row["others' CPU"] = _load(r.get("others_cpu")) + (" !" if _contended(r) else "")
+            row["others' CPU"] = cpu_share(r.get("others_cpu")) + (" !" if contended(r) else "")
         row["engine"] = _engine(r)
         if "compile_s" in cells.columns:  # seconds compiling before the timed rows, never in tok/s
             row["compile s"] = format_num(r.get("compile_s", math.nan), 0)
@@ -146,130 +152,11 @@ def display_frame(cells: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _has_engines(cells: pd.DataFrame) -> bool:
-    return "engine_acceptance_length" in cells.columns and cells["engine_name"].notna().any()
-
-
-def engines_note(cells: pd.DataFrame) -> str:
-    """Why an engine's acceptance length differs from ours: per engine cell that drafted, ours (tokens
-    per target pass, every pass counted, the prefill included) beside the engine's own figure, and the
-    specbench cell with the same method, drafter and draft length on the same dataset."""
-    if not _has_engines(cells):
-        return ""
-    lines = []
-    for r in cells[cells["engine_name"].notna()].to_dict("records"):
-        if not (r.get("engine_acceptance_length") == r.get("engine_acceptance_length")):  # NaN: no drafts
-            continue
-        rejection = r.get("engine_rejection") or "n/a"
-        line = (
-            f"{r['dataset']} {r['cell']} ({r['engine_name']}, {rejection} rejection): "
-            f"{r['acceptance_length']:.2f} tokens per target pass as we count them; the engine reports "
-            f"{r['engine_acceptance_length']:.2f} = 1 + accepted / drafts, over the "
-            f"{100 * r['engine_drafting_share']:.0f}% of passes that drafted"
-        )
-        alike = (
-            (cells["dataset"] == r["dataset"])
-            & (cells["engine_name"].isna())
-            & (cells["method"] == r["method"])
-            & (cells["params"] == r["params"])
-        )
-        same = cells[alike & (cells["drafter"] == r["drafter"])]
-        if same.empty:  # heads are one recipe model per target: the same heads under another name
-            same = cells[alike]
-        for other in same.to_dict("records"):
-            gap = r["acceptance_length"] / other["acceptance_length"] - 1
-            ours = f"{other['acceptance_length']:.2f} ({gap:+.1%})"
-            line += f"; {other['cell']} (ours, same drafter and k): {ours}"
-        parted = int(r.get("lossless_checked", 0)) - int(r.get("lossless_identical", 0))
-        if parted:
-            line += (
-                f"; its output parts from our AR on {parted} of {int(r['lossless_checked'])} prompts "
-                f"({int(r.get('lossless_ties', 0))} numerical ties), so its drafts met other text there"
-            )
-        lines.append(line)
-    if not lines:
-        return ""
-    return (
-        "engines' acceptance: "
-        + " | ".join(lines)
-        + ". The engine's figure leaves out the passes that drafted nothing (the prefill; n-gram steps "
-        "with no match), so it is the larger; ours counts every pass, as the papers' tokens per step do. "
-        "Against our cell: both count the prefill as a target pass, but our loops also verify a first draft "
-        "inside it, while vLLM drafts from its second pass on, so wherever that first draft is accepted vLLM "
-        "needs one pass more."
-    )
-
-
 def _spread(record: dict) -> str:
     """`` ± 0.2 (3 repeats)``: with ``repeats``, the sample std of the cell's tokens/s over its repeats
     (run-to-run noise, which the bootstrap over prompts does not see)."""
     std = format_num(record.get("tokens_per_s_repeat_std"), 1)
     return f" ± {std} ({int(record['repeats'])} repeats)" if std else ""
-
-
-def _load(share) -> str:
-    """Other processes' share of the CPU during a cell: ``3%``."""
-    value = format_num(share, 3)
-    return f"{100 * float(value):.0f}%" if value else ""
-
-
-def _contended(record: dict) -> bool:
-    """Whether other processes took more than machine.LOADED of the CPU and left our threads fewer
-    cores than they ran on (cells.csv from before the headroom column: the share alone decides)."""
-    try:
-        share = float(record.get("others_cpu"))
-    except (TypeError, ValueError):
-        return False
-    headroom = record.get("cpu_headroom")
-    competed = True
-    if isinstance(headroom, int | float) and not math.isnan(headroom):
-        competed = headroom < -0.25  # a quarter of a core short: more than /proc/stat's rounding
-    return share > LOADED and competed
-
-
-def loaded_note(cells: pd.DataFrame) -> str:
-    """The line under a report whose cells were measured while other processes took their cores."""
-    if "others_cpu" not in cells.columns:
-        return ""
-    loaded = [r for r in cells.to_dict("records") if _contended(r)]
-    if not loaded:
-        return ""
-    names = ", ".join(f"{r['dataset']} {r['cell']}" for r in loaded[:6])
-    more = f" and {len(loaded) - 6} more" if len(loaded) > 6 else ""
-    return (
-        f"! {len(loaded)} cell(s) ({names}{more}) were measured while other processes used more than "
-        f"{100 * LOADED:.0f}% of the CPU and our threads competed with them for cores: their walltimes, "
-        "tok/s and speedups are not clean; measure them again on a quiet machine, or with --threads no "
-        "more than the cores left free."
-    )
-
-
-def disturbed_note(cells: pd.DataFrame) -> str:
-    """The line under a report whose rows memory disturbed (pages read back from disk while they ran)
-    or whose walltimes their held-out prediction does not explain; empty for runs without either."""
-    parts = []
-    for column, what in (
-        ("disturbed_rows", f"read back from disk {DISTURBING_MB:.0f} MiB or more while timed (major page "
-         "faults, swap-in)"),
-        ("prediction_missed_rows", "took more than twice, or less than half, the walltime their held-out "
-         "prediction gives"),
-    ):  # fmt: skip
-        if column not in cells.columns:
-            continue
-        hit = cells[cells[column].fillna(0) > 0]
-        if hit.empty:
-            continue
-        named = ", ".join(
-            f"{r['dataset']} {r['cell']} ({int(r[column])})" for r in hit.head(6).to_dict("records")
-        )
-        more = f" and {len(hit) - 6} more" if len(hit) > 6 else ""
-        parts.append(f"rows of {named}{more} {what}")
-    if not parts:
-        return ""
-    return (
-        "! " + "; ".join(parts) + ": their walltimes are not clean (memory pressure or other work, not the "
-        "decoding loop); measure them again with fewer models and engines held at once."
-    )
 
 
 def _engine(record: dict) -> str:
@@ -326,6 +213,13 @@ def format_method_label(name: str, cell: str) -> str:
 
 def render(results: Path, fmt: str = "table", console: Console | None = None) -> str | None:
     check_format_name(fmt)
+    cells, frame, lines = report_parts(results)
+    return emit(frame, list(by_dataset(frame)), fmt, "\n".join(lines), console, captions(cells))
+
+
+def report_parts(results: Path) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """What a report shows: the cells, their display frame (row i is cell i) and the lines under the
+    tables (each run's machine, contention, engines' acceptance, how to read the columns)."""
     cells = load_cells(results)
     frame = display_frame(cells)
     note = (
@@ -336,7 +230,7 @@ def render(results: Path, fmt: str = "table", console: Console | None = None) ->
     )
     lines = [measured_on(directory) for directory in run_directories(results)]
     lines += [line for line in (loaded_note(cells), disturbed_note(cells), engines_note(cells), note) if line]
-    return emit(frame, list(_by_dataset(frame)), fmt, "\n".join(lines), console, captions(cells))
+    return cells, frame, lines
 
 
 def captions(cells: pd.DataFrame) -> dict[str, str]:
@@ -416,17 +310,45 @@ def emit(
         if not console.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
             console = Console(width=220)
     for name, group in tables:
-        table = Table(title=name, title_justify="left")
-        for column in group.columns:
-            table.add_column(column, justify="left" if column in LEFT_COLUMNS else "right")
-        for record in group.itertuples(index=False):
-            table.add_row(*(Text(str(v)) for v in record))  # Text: "medusa[depth=4]" is no markup
-        console.print(table)
+        for title, part in fitted(name, group, console):
+            console.print(rich_table(title, part))
         if name in captions:
             console.print(captions[name], markup=False)
     if note:
         console.print(note, style="dim", markup=False)  # "[low, high]" is text, not a Rich style tag
     return None
+
+
+def rich_table(title: str, frame: pd.DataFrame) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in frame.columns:
+        table.add_column(column, justify="left" if column in LEFT_COLUMNS else "right")
+    for record in frame.itertuples(index=False):
+        table.add_row(*(Text(str(v)) for v in record))  # Text: "medusa[depth=4]" is no markup
+    return table
+
+
+KEY_COLUMNS = ("method", "k")  # repeated in each part of a table split to fit the terminal
+
+
+def fitted(title: str, frame: pd.DataFrame, console: Console) -> list[tuple[str, pd.DataFrame]]:
+    """``frame`` as tables that fit ``console``'s width: whole where it fits, else its columns dealt
+    in order over several tables ("title (1/2)", ...), each starting with the method and k, so that no
+    value is squeezed, wrapped or cut."""
+    unbounded = console.options.update_width(10_000)  # the natural width, not clipped to the console's
+
+    def width(part: pd.DataFrame) -> int:
+        return console.measure(rich_table(title, part), options=unbounded).maximum
+
+    if width(frame) <= console.width:
+        return [(title, frame)]
+    keys = [c for c in KEY_COLUMNS if c in frame.columns]
+    parts: list[list[str]] = [[]]
+    for column in (c for c in frame.columns if c not in keys):
+        if parts[-1] and width(frame[keys + parts[-1] + [column]]) > console.width:
+            parts.append([])
+        parts[-1].append(column)
+    return [(f"{title} ({i}/{len(parts)})", frame[keys + part]) for i, part in enumerate(parts, start=1)]
 
 
 def _bootstrap_note(cells: pd.DataFrame) -> str:
@@ -443,7 +365,7 @@ def _bootstrap_note(cells: pd.DataFrame) -> str:
     )
 
 
-def _by_dataset(frame: pd.DataFrame):
+def by_dataset(frame: pd.DataFrame):
     """One table per run and dataset, and per machine where a run holds several."""
     keys = ["run", "dataset"] + (["machine"] if "machine" in frame.columns else [])
     for values, group in frame.groupby(keys, sort=False):
