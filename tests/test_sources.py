@@ -25,6 +25,8 @@ RECOGNISED = {
     "early-exit": "early-exit",
     "medusa:smollm2-135m-instruct/medusa": "medusa",
     "eagle:smollm2-135m-instruct/eagle": "eagle",
+    "eagle3:yuhuili/EAGLE3-LLaMA3.1-Instruct-8B": "eagle3",
+    "eagle3:/heads/eagle3-qwen3": "eagle3",
     "/models/x.gguf": "gguf",
     "org/name": "hub",
     "not-a-model": "hub",  # the hub kind takes the rest, and says why it cannot load it
@@ -33,8 +35,8 @@ RECOGNISED = {
 
 def test_every_kind_is_declared_once_and_recognised_in_order(tmp_path):
     assert list(SOURCES) == [
-        "statistical", "tiny", "smollm2", "qwen-coder", "distilled", "medusa", "eagle", "early-exit", "gguf",
-        "local", "hub",
+        "statistical", "tiny", "smollm2", "qwen-coder", "distilled", "medusa", "eagle", "eagle3",
+        "early-exit", "gguf", "local", "hub",
     ]  # fmt: skip
     for source, kind in RECOGNISED.items():
         assert source_of(source).kind == kind, source

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from specbench.cli import bench, costs, load, papers, plot, results, run, training
+from specbench.cli import bench, costs, heads, load, papers, plot, results, run, training
 
 app = typer.Typer(
     help="Benchmark speculative-decoding algorithms and reproduce their papers' tables.",
@@ -28,6 +28,7 @@ app.command()(costs.probe)
 app.command()(costs.predict)
 app.command()(bench.bench)
 app.command()(training.distill)
+app.command()(heads.export)
 app.command(cls=plot.PLOT_COMMAND)(plot.plot)
 app.command()(load.load)
 papers.add_theory(app)

@@ -77,7 +77,7 @@ def heads_problem(info: Method, spec: Any, models: Mapping[str, Any]) -> Problem
                     f"{name!r} is a set of heads on the target's states; {spec.method!r} cannot use it",
                     f"use method {source.kind} for these heads, or a drafter model here",
                 )
-            if info.takes_heads and source.kind != info.takes_heads:
+            if info.takes_heads and (source.heads_for or source.kind) != info.takes_heads:
                 return (
                     role,
                     f"method {spec.method!r} drafts with {info.takes_heads} heads on the target's states; "

@@ -27,7 +27,7 @@ fused one: the head's own outputs enter unnormed, at the scale it learned); deep
 the head's own output, as before, and it is trained on the token loss alone. The rest is this
 module's EAGLE-1 layout (the fc over [embedding; feature], the target's decoder layer, the shared LM
 head), not EAGLE-3's own layer (which widens attention to 2H inputs and has its own LM head); vLLM
-cannot load it.
+cannot load it. EAGLE-3's own layer, as published heads have it, is :mod:`specbench.drafters.eagle3`.
 
 Saved as ``eagle_head.safetensors`` + ``eagle.json`` (the target's config fields it was built with,
 the draft vocabulary, the training record) in ``<cache>/drafters/<target>/eagle``; loaded by the
@@ -135,7 +135,10 @@ def causal_mask(cached: int, new: int, device) -> torch.Tensor:
 
 class EagleDrafter:
     """The head on one target, as a tree drafter (:func:`specbench.decoding.tree_speculative.draft_tree`):
-    ``root`` reads the target's features at the newly committed positions, ``level`` expands nodes."""
+    ``root`` reads the target's features at the newly committed positions, ``level`` expands nodes.
+    ``lm_head`` scores the head's outputs over its draft vocabulary (``ids``, ``vocab_size``,
+    ``subset``): the target's LM head restricted to it, or a published EAGLE-3 head's own
+    (:class:`~specbench.drafters.eagle3.Eagle3Head` is both)."""
 
     fed_hidden = True  # the prefill's features too: the head reads every committed position once
 

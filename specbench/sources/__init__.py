@@ -9,8 +9,9 @@ in specbench asks which kind a source is.
 
 The kinds, in the order they are tried: statistical (``prompt-lookup``, ``maxgram``), tiny
 (``tiny-llama``, ``tiny-t5``), SmolLM2 (``smollm2-135m-instruct``), distilled
-(``distilled:<target>/<size>``), early exit (``early-exit``), a ``.gguf`` file, a local directory, and
-last a Hugging Face Hub id (``org/name``; offline it must already be in the local cache).
+(``distilled:<target>/<size>``), heads specbench trains (``medusa:``, ``eagle:``), published EAGLE-3
+heads (``eagle3:<dir or hub id>``), early exit (``early-exit``), a ``.gguf`` file, a local directory,
+and last a Hugging Face Hub id (``org/name``; offline it must already be in the local cache).
 """
 
 from __future__ import annotations
@@ -132,6 +133,9 @@ class Source:
     # heads on a target's hidden states (Medusa): only methods that hand them the target's states
     # (Method.takes_heads) take such a drafter
     heads: bool = False
+    # the kind of heads a method takes these as (Method.takes_heads), where it is not the source's own:
+    # published EAGLE-3 heads (eagle3:) draft in the eagle method's loops
+    heads_for: str | None = None
     # trained_in(source) -> the folder of weights specbench trained (distilled drafters, heads), whose
     # distill.json says how: its digest goes into environment.json so a stale result can be told
     # apart, and its prompts are checked against what a run evaluates

@@ -15,7 +15,8 @@ from __future__ import annotations
 from specbench.sources.heads import heads_source
 
 
-def _options_problem(source: str, options: dict):
+def head_options_problem(source: str, options: dict):
+    """The EAGLE drafter's options that cannot go together (shared with published heads, ``eagle3:``)."""
     from specbench.drafters.eagle import HEAD_ATTENTION
 
     attention = options.get("attn_implementation", "sdpa")
@@ -42,5 +43,5 @@ SOURCE = heads_source(
     order=36,
     for_engine="HeadForEngine",
     options=("cuda_graphs", "attn_implementation", "step_graph"),
-    check=_options_problem,
+    check=head_options_problem,
 )

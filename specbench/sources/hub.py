@@ -3,6 +3,8 @@ Hub when it answers; else one line saying how to get the model here."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from specbench.errors import SpecbenchError
 from specbench.models import cache
 from specbench.models.options import LOADER_OPTIONS
@@ -59,6 +61,26 @@ def load_hub(name: str, hub_id: str, dtype, revision: str | None, loader=None) -
         )
     model, tokenizer = ckpt.from_pretrained(hub_id, dtype, loader, revision=revision)
     return Weights(model, tokenizer, f"hub:{hub_id}")
+
+
+def hub_folder(hub_id: str, where: str, network: bool = True) -> Path:
+    """A Hub repository's files as a local folder (heads loaded from their own files, not by
+    transformers): the local Hugging Face cache first, which works offline; then, with ``network``,
+    the Hub when it answers; else one line saying how to get it here."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(hub_id, local_files_only=True))
+    except OSError:  # not cached (huggingface_hub's LocalEntryNotFoundError is a FileNotFoundError)
+        pass
+    if not network or not cache.hub_reachable():
+        raise SpecbenchError(
+            where,
+            f"hub repository {hub_id!r} is not in the local Hugging Face cache"
+            + (" and the Hub is unreachable" if network else ""),
+            f"download it on a connected machine (hf download {hub_id}) or point at a local directory",
+        )
+    return Path(snapshot_download(hub_id))
 
 
 def _load(context: LoadContext) -> Weights:

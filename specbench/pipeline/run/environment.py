@@ -74,6 +74,8 @@ def write_environment(
                     "source": recipe.models[name].source,
                     "origin": getattr(m, "origin", "statistical"),
                     **_identity(recipe.models[name].source),
+                    # a published head: its layout, digest and the target layers it reads
+                    **({"checkpoint": m.checkpoint} if getattr(m, "checkpoint", None) else {}),
                     "parameters": m.num_parameters,
                     # an engine model's is the one it asked its engine for (specbench.engines)
                     "dtype": _dtype_of(m),
