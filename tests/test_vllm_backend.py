@@ -441,19 +441,47 @@ def test_load_is_refused_without_a_load_section_or_an_engine_cell(stub_engine):
 
 
 def test_prometheus_text_and_the_level_summary():
-    from specbench.engines.load import Result, parse_prometheus, summarize
+    from specbench.engines.load import parse_prometheus
+    from specbench.pipeline.analysis.load_figures import summarize
 
     text = '# HELP x\nvllm:a_total{engine="0"} 2.0\nvllm:a_total{engine="1"} 3.0\nvllm:b 1.5\n'
     assert parse_prometheus(text) == {"vllm:a_total": 5.0, "vllm:b": 1.5}
-    results = [Result(0.0, first=0.1, chunks=2, tokens=11, ended=1.1) for _ in range(3)]
-    results.append(Result(0.0, error="HTTP/1.1 500", ended=0.2))
-    row = summarize("c", 2, results, 2.0, {"drafts": 5, "draft_tokens": 20, "accepted": 11}, 0.5, 0.05)
-    assert row["completed"] == 3 and row["errors"] == 1
+    done = {"ttft_s": 0.1, "e2e_s": 1.1, "tokens": 11, "error": None, "sent_s": 0.0}
+    failed = {"ttft_s": None, "e2e_s": 0.2, "tokens": 0, "error": "HTTP/1.1 500", "sent_s": 0.0}
+    grown = {"drafts": 5, "draft_tokens": 20, "accepted": 11}
+    row = summarize({"cell": "c", "concurrency": 2}, [done] * 3 + [failed], 2.0, grown, (0.5, 0.05))
+    assert row["completed"] == 3 and row["errors"] == 1 and row["requests"] == 4
     assert row["throughput_tok_s"] == pytest.approx(33 / 2.0)
     assert row["tpot_p50_s"] == pytest.approx(0.1)  # (1.1 - 0.1) / 10
     assert row["goodput_req_s"] == 0  # TPOT 0.1 s misses the 0.05 s objective
     assert row["vllm_mean_acceptance_length"] == pytest.approx(1 + 11 / 5)
     assert row["tokens_per_step_est"] == pytest.approx(33 / 22)
+    assert row["max_in_flight"] == 4
+
+
+def test_short_drafts_go_to_the_drafting_steps_that_accepted_least():
+    """vLLM's counters give draft tokens in total, not per step: where n-gram drafts ran short, the
+    shortfall is taken from the drafting steps that accepted least (the later one first on a tie),
+    never spread. Which step holds it moves the per-position rates: here position 3 was proposed by
+    the step that accepted 3 only, so its rate is 1.0; had the two steps drafted 3 each, 0.5."""
+    from specbench.decoding.steps import acceptance_rates, position_counts
+
+    # prefill; a drafting step that accepted nothing; a step that accepted 3; 6 draft tokens over 2
+    # drafts of k = 4 (the per-position vector's length): 2 short
+    counters = SpecCounters(drafts=2, draft_tokens=6, accepted=3, accepted_by_position=(1, 1, 1, 0))
+    steps = steps_from_counters([1, 2, 6], counters)
+    assert steps == [(0, 0), (2, 0), (4, 3)]
+    assert accepted_by_position(steps) == list(counters.accepted_by_position)
+    marginal, _ = acceptance_rates(position_counts(steps))
+    assert marginal == pytest.approx([0.5, 0.5, 1.0, 0.0])
+    spread, _ = acceptance_rates(position_counts([(0, 0), (3, 0), (3, 3)]))  # the rule not taken
+    assert spread[2] == pytest.approx(0.5)
+    # two zero-accept drafting steps tie: the later one takes the short draft
+    counters = SpecCounters(drafts=3, draft_tokens=11, accepted=3, accepted_by_position=(1, 1, 1, 0))
+    assert steps_from_counters([1, 2, 3, 7], counters) == [(0, 0), (4, 0), (3, 0), (4, 3)]
+    # a shortfall larger than one step can give is spread from the least-accepting step on
+    counters = SpecCounters(drafts=2, draft_tokens=4, accepted=3, accepted_by_position=(1, 1, 1, 0))
+    assert steps_from_counters([1, 2, 6], counters) == [(0, 0), (1, 0), (3, 3)]
 
 
 def test_plan_counts_the_kv_cache_an_engine_reserves(stub_engine):

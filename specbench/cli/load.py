@@ -16,23 +16,33 @@ def load(
         ..., help="Recipe YAML with a load: section and methods whose target runs on a serving engine."
     ),
     output_dir: Path = typer.Option(..., "--output-dir", "-o", help="Where load.csv goes."),
-    resume: bool = typer.Option(False, "--resume", help="Measure only the levels load.csv does not hold."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Measure only the levels and repeats load.csv does not hold complete."
+    ),
 ):
     """Engine cells under load: each cell's engine served on 127.0.0.1 (vllm serve on a free port),
-    driven by an async streaming client at every concurrency of the recipe's load: section; per level
-    throughput, TTFT/TPOT/end-to-end p50/p90/p99, goodput under the SLO, acceptance from the server's
-    counters, and the speedup over the same engine's AR cell at the same load, into OUTPUT_DIR/load.csv.
-    The server is always stopped, on errors and Ctrl-C too. Plot: `specbench plot DIR --figure load`."""
-    from specbench.pipeline.experiments.load_run import load_table, run_load
+    driven by an async streaming client at every level of the recipe's load: section (concurrency:
+    requests in flight; request_rate: Poisson or gamma arrivals per second), each level repeats times,
+    the servers restarted each repeat in turn; per level throughput, per-request speed,
+    TTFT/TPOT/end-to-end p50/p90/p99, goodput under the SLO, acceptance from the server's counters, and
+    the speedup over the same engine's AR cell at the same load, each with its 95% interval, into
+    OUTPUT_DIR/load.csv (per repeat), load_requests.jsonl (per request) and load_summary.csv (per
+    level). The server is always stopped, on errors and Ctrl-C too. Plot: `specbench plot DIR --figure
+    load`."""
+    from specbench.pipeline.experiments.load_run import run_load
+    from specbench.pipeline.views.load_view import load_table
     from specbench.recipe import load_recipe
     from specbench.tasks import TASKS
 
     spec = load_recipe(recipe, known_tasks=TASKS)
     check_output_dir(output_dir)
     out = run_load(spec, output_dir, err, resume)
-    from specbench.engines.load import read_load
+    import pandas as pd
+
+    from specbench.engines.load import LOAD_SUMMARY
 
     console = Console()
     if not console.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
-        console = Console(width=220)
-    console.print(load_table(read_load(out), f"{spec.name} under load ({out})"))
+        console = Console(width=340)
+    summary = pd.read_csv(out / LOAD_SUMMARY, dtype={"cell": str}).to_dict("records")
+    console.print(load_table(summary, f"{spec.name} under load ({out})"))

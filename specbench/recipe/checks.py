@@ -24,7 +24,7 @@ from specbench.errors import SpecbenchError
 from specbench.methods import BASELINE, METHODS, Method, ParamSpec
 from specbench.recipe.experiment import Recipe, engine_cell_view
 from specbench.recipe.messages import one_of, show
-from specbench.recipe.schema import MAX_CELLS, GenerationSpec, MethodSpec, ModelSpec
+from specbench.recipe.schema import MAX_CELLS, GenerationSpec, LoadSpec, MethodSpec, ModelSpec
 from specbench.sources import option_problem, source_of
 
 
@@ -45,6 +45,8 @@ def check_recipe(recipe: Recipe, path: Path, known_tasks: Collection[str] | None
             "split the sweep into several recipes, or search it with `specbench tune`",
         )
     _check_datasets_are_distinct(recipe, path, known_tasks)
+    if recipe.load is not None:
+        _check_load(recipe.load, path)
     if known_tasks is not None:
         for index, dataset in enumerate(recipe.datasets):
             if dataset.task not in known_tasks:
@@ -53,6 +55,44 @@ def check_recipe(recipe: Recipe, path: Path, known_tasks: Collection[str] | None
                     f"unknown task {dataset.task!r}",
                     one_of(dataset.task, known_tasks),
                 )
+
+
+def _check_load(load: LoadSpec, path: Path) -> None:
+    """A load: section's levels must exist and each be able to run as it says."""
+    if not load.concurrency and not load.request_rate:
+        raise SpecbenchError(
+            f"{path}: load",
+            "lists no level",
+            "give concurrency: [1, 2, 4, 8] (requests in flight) or request_rate: [0.5, 1, 2] (per second)",
+        )
+    if load.requests is not None and load.duration_s is not None:
+        raise SpecbenchError(
+            f"{path}: load.duration_s",
+            f"is given beside load.requests ({load.requests}): a level is one or the other",
+            "keep requests (a count per level and repeat) or duration_s (seconds per level), not both",
+        )
+    if load.requests is not None and load.concurrency and load.requests < max(load.concurrency):
+        widest = max(load.concurrency)
+        raise SpecbenchError(
+            f"{path}: load.requests",
+            f"{load.requests} requests per level cannot keep {widest} in flight (load.concurrency lists "
+            f"{widest}): its clients would wait idle and the level measure less load than it names",
+            f"raise requests to at least {widest}, or drop the concurrency levels above {load.requests}",
+        )
+    if load.requests is not None and load.requests * load.repeats < 2:
+        raise SpecbenchError(
+            f"{path}: load.requests",
+            f"{load.requests} request in {load.repeats} repeat is a level without an interval (its "
+            "figures are drawn again from its requests)",
+            "raise requests (32 is the default) or repeats",
+        )
+    for rate in load.request_rate if load.duration_s is not None else ():
+        if load.request_count(rate=rate) < 1:
+            raise SpecbenchError(
+                f"{path}: load.duration_s",
+                f"{load.duration_s:g} s at {rate:g} requests/s sends no request",
+                f"raise duration_s to at least {1 / rate:.3g} s, or drop rate {rate:g}",
+            )
 
 
 def _check_model(path: Path, name: str, model: ModelSpec) -> None:

@@ -6,6 +6,7 @@ is an error); what needs the whole recipe is checked in :mod:`specbench.recipe.c
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -176,17 +177,44 @@ class GenerationSpec(Strict):
         return budget if self.max_length is None else min(budget, self.max_length - prompt_tokens)
 
 
-class LoadSpec(Strict):
-    """``specbench load``: the recipe's engine cells served on 127.0.0.1 and driven at each concurrency
-    (specbench.engines.load)."""
+# requests per load level and repeat when the recipe names none: enough for a p90 that is not the
+# maximum, where 8 made the p99 columns rough
+DEFAULT_REQUESTS = 32
 
-    concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = Field(min_length=1)
-    # requests per level; None: max(8, 2 x concurrency)
+
+class LoadSpec(Strict):
+    """``specbench load``: the recipe's engine cells served on 127.0.0.1 and driven at each level
+    (specbench.engines.load_client): closed-loop ``concurrency`` levels (that many requests in flight)
+    and open-loop ``request_rate`` levels (requests arriving at that mean rate, per second)."""
+
+    concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = Field(default_factory=list)
+    request_rate: list[float] = Field(default_factory=list)
+    # the gamma shape of the gaps between arrivals: 1 a Poisson process, below 1 burstier, .inf even
+    burstiness: float = Field(default=1.0, gt=0)
+    # requests per level and repeat; None: duration_s's worth, else max(32, 2 x concurrency), or 32
     requests: int | None = Field(default=None, ge=1, le=1_000_000)
+    # a level's length in seconds instead of a request count (an open-loop level: rate x duration_s
+    # requests; a closed-loop one sends until the time is up)
+    duration_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # each level measured this many times, every engine's server started once per repeat, in turn
+    repeats: int = Field(default=1, ge=1, le=100)
+    # requests sent (warmup_requests at a time) after each server start and before its first level,
+    # left out of every figure
+    warmup_requests: int = Field(default=1, ge=0, le=4096)
     # the service-level objective goodput counts requests against
     slo_ttft_s: float = Field(default=2.0, gt=0)
     slo_tpot_s: float = Field(default=0.2, gt=0)
-    timeout_s: float = Field(default=600.0, gt=0)  # one request's limit
+    timeout_s: float = Field(default=600.0, gt=0)  # one request's limit, from its send to its end
+
+    def request_count(self, concurrency: int | None = None, rate: float | None = None) -> int | None:
+        """Requests per repeat of a level (one of ``concurrency``, ``rate``): ``requests``; else with
+        ``duration_s`` an open-loop level's rate x duration_s (rounded), a closed-loop one's None
+        (its clients send until the time is up); else max(32, 2 x concurrency), or 32."""
+        if self.requests is not None:
+            return self.requests
+        if self.duration_s is not None:
+            return None if rate is None else math.floor(rate * self.duration_s + 0.5)
+        return max(DEFAULT_REQUESTS, 2 * concurrency) if concurrency is not None else DEFAULT_REQUESTS
 
     @field_validator("concurrency")
     @classmethod
@@ -196,6 +224,24 @@ class LoadSpec(Strict):
             raise invalid(
                 f"lists concurrency {', '.join(map(str, repeated))} more than once",
                 f"list each level once, e.g. {sorted(set(value))}",
+            )
+        return value
+
+    @field_validator("request_rate")
+    @classmethod
+    def _rates(cls, value: list[float]) -> list[float]:
+        for rate in value:
+            if not rate > 0 or rate == float("inf"):
+                raise invalid(
+                    f"{rate:g} is not a request rate (requests arrive at a positive, finite rate)",
+                    "give requests per second above 0, e.g. [0.5, 1, 2]; for as many at once as the "
+                    "server takes, use a concurrency level",
+                )
+        repeated = sorted({rate for rate in value if value.count(rate) > 1})
+        if repeated:
+            raise invalid(
+                f"lists request rate {', '.join(f'{r:g}' for r in repeated)} more than once",
+                f"list each rate once, e.g. {sorted(set(value))}",
             )
         return value
 

@@ -1,7 +1,10 @@
 """``specbench load`` against hostile inputs, through the stand-in vLLM server (tests/fixtures/stub_vllm):
-a directory of another recipe, settings or machine, repeated levels, a sweep too large for the process's
-open files, a level where every request fails, ``-o`` naming a file, and a full disk at the start.
-Each ends as one line (exit 2) or, for the failed level, a row of NaN speedups and a warning."""
+a directory of another recipe, settings or machine, repeated levels, levels that cannot run as they say
+(a rate of 0 or below, fewer requests than the concurrency, a duration that sends none, no level at
+all), a sweep too large for the process's open files, a level where every request fails, ``-o`` naming
+a file, and a full disk at the start. Each ends as one line (exit 2) or, for the failed level, a row of
+NaN speedups and a warning. A hanging request and a server that dies mid-level:
+tests/test_load_open_loop.py."""
 
 from __future__ import annotations
 
@@ -17,8 +20,9 @@ from test_vllm_backend import _no_server_left, _recipe, stub_engine  # noqa: F40
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from specbench.engines.load import speedups
+from specbench.engines.load import level_of
 from specbench.errors import SpecbenchError
+from specbench.pipeline.analysis.load_figures import speedups
 from specbench.recipe import parse_recipe
 
 runner = CliRunner()
@@ -42,6 +46,32 @@ def test_a_level_listed_twice_is_refused(stub_engine):  # noqa: F811
     result = _load(tmp_path, _recipe(tmp_path, load={"concurrency": [1, 1, 1]}))
     assert result.exit_code == 2 and "load.concurrency" in _one_line(result.output)
     assert not (tmp_path / "load").exists()
+
+
+@pytest.mark.parametrize(
+    ("load", "where", "says"),
+    [
+        ({"request_rate": [1.0, 0]}, "load.request_rate", "0 is not a request rate"),
+        ({"request_rate": [-2.5]}, "load.request_rate", "-2.5 is not a request rate"),
+        ({"request_rate": [float("nan")]}, "load.request_rate", "nan is not a request rate"),
+        ({"request_rate": [float("inf")]}, "load.request_rate", "use a concurrency level"),
+        ({"request_rate": [1.0, 2.0, 1.0]}, "load.request_rate", "rate 1 more than once"),
+        ({"burstiness": 0.0, "request_rate": [1.0]}, "load.burstiness", "too small"),
+        ({"concurrency": [1, 8], "requests": 4}, "load.requests", "4 requests per level cannot keep 8"),
+        ({"concurrency": [1], "requests": 1}, "load.requests", "without an interval"),
+        ({"request_rate": [1.0], "requests": 8, "duration_s": 10.0}, "load.duration_s", "not both"),
+        ({"request_rate": [0.1], "duration_s": 4.0}, "load.duration_s", "sends no request"),
+        ({"repeats": 3}, "load", "lists no level"),
+        ({"concurrency": [1], "repeats": 0}, "load.repeats", "too small"),
+    ],
+)
+def test_a_level_that_cannot_run_as_it_says_is_one_line(stub_engine, load, where, says):  # noqa: F811
+    tmp_path = stub_engine
+    with pytest.raises(SpecbenchError) as error:
+        parse_recipe(_recipe(tmp_path, load=load), tmp_path / "r.yaml")
+    message = str(error.value)
+    assert f"r.yaml: {where}:" in message and says in message and "fix:" in message, message
+    assert "\n" not in message
 
 
 def test_output_that_is_a_file_is_one_line(stub_engine):  # noqa: F811
@@ -80,7 +110,10 @@ def test_a_level_where_every_request_times_out_is_a_row_of_nan_speedups(stub_eng
     result = _load(tmp_path, recipe)
     assert result.exit_code == 0, result.output
     message = _one_line(result.output)
-    assert "warning: vllm-ar x1: none of its 2 requests completed (first: TimeoutError)" in message
+    assert (
+        "warning: vllm-ar x1: none of its 2 requests completed (first: TimeoutError: no end within 1e-06 s)"
+        in message
+    )
     assert "speedups against it are NaN" in message and "warm-up request failed" in message
     rows = pd.read_csv(tmp_path / "load" / "load.csv")
     assert (rows.completed == 0).all() and (rows.throughput_tok_s == 0).all()
@@ -95,7 +128,7 @@ def test_speedups_against_a_level_that_delivered_nothing_are_nan():
         {"cell": "ar", "concurrency": 2, "throughput_tok_s": 20.0, "per_request_tok_s": 10.0},
         {"cell": "sd", "concurrency": 2, "throughput_tok_s": 0.0, "per_request_tok_s": math.nan},
     ]
-    out = speedups(rows, {"ar": "ar", "sd": "ar"})
+    out = speedups(rows, {"ar": "ar", "sd": "ar"}, level_of)
     assert all(math.isnan(row["speedup_throughput"]) for row in out[:2])
     assert out[2]["speedup_throughput"] == 1.0 and out[3]["speedup_throughput"] == 0.0
     assert math.isnan(out[3]["speedup_per_request"])

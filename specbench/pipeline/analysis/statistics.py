@@ -1,7 +1,9 @@
 """Spread and bootstrap intervals of a cell's example rows (pure numpy).
 
-* ``spread``: mean, sample standard deviation and the 50th / 90th / 99th percentiles of per-request
-  values (latency, TTFT, TPOT), as serving benchmarks report them (vLLM's ``benchmark_serving``).
+* ``percentiles``: the one percentile function (numpy's linear interpolation, vLLM's
+  ``benchmark_serving``'s): the p50 / p90 / p99 of per-request values (latency, TTFT, TPOT, load
+  levels' included) and the bounds of every bootstrap interval; ``spread`` adds the mean and the
+  sample standard deviation.
 * ``paired_bootstrap_ratio``: a percentile bootstrap interval for a ratio of sums over examples
   (tokens/s, SWI, speedup over AR), resampling example indices; two cells' rows on the same
   prompts are resampled together.
@@ -80,8 +82,8 @@ def paired_bootstrap_ratio(
             ratios = ratios / (sums[:, 2] / sums[:, 3])
     if not np.isfinite(ratios).all():
         return math.nan, math.nan
-    low, high = np.percentile(ratios, [50 * (1 - level), 50 * (1 + level)])
-    return float(low), float(high)
+    low, high = percentiles(ratios, (50 * (1 - level), 50 * (1 + level))).values()
+    return low, high
 
 
 def bootstrap_ratio(num: Sequence[float], den: Sequence[float], **options) -> tuple[float, float]:

@@ -16,8 +16,8 @@ import pandas as pd
 
 from specbench.decoding.steps import acceptance_rates, position_counts
 from specbench.errors import SpecbenchError
-from specbench.methods import BASELINE
 from specbench.pipeline.records.results import read_examples, write_atomic
+from specbench.pipeline.views.load_view import write_load_plot
 
 
 @dataclass(frozen=True)
@@ -118,40 +118,6 @@ def write_acceptance_plot(run_dir: Path) -> tuple[Path, Path]:
     return csv_path, png_path
 
 
-def write_load_plot(run_dir: Path) -> list[Path]:
-    """load.png from load.csv: each speculative engine cell's speedup over its engine's AR cell by
-    concurrency (throughput and per request), where the curve crosses 1 speculation stops paying."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from specbench.engines.load import LOAD_CSV, LOAD_PNG, read_load
-
-    rows = [r for r in read_load(run_dir) if r.get("method") != BASELINE]
-    if not rows:
-        raise SpecbenchError(str(run_dir), f"no speculative rows in {LOAD_CSV}", "run `specbench load` first")
-    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for cell in sorted({r["cell"] for r in rows}):
-        mine = sorted((r for r in rows if r["cell"] == cell), key=lambda r: r["concurrency"])
-        levels = [r["concurrency"] for r in mine]
-        axes[0].plot(levels, [r["speedup_throughput"] for r in mine], marker="o", label=cell)
-        axes[1].plot(levels, [r["speedup_per_request"] for r in mine], marker="o", label=cell)
-    for axis, what in zip(axes, ("throughput", "per-request speed"), strict=True):
-        axis.axhline(1.0, color="grey", linewidth=0.8)
-        axis.set_xscale("log", base=2)
-        axis.set_xlabel("concurrent requests")
-        axis.set_ylabel(f"{what} / same engine's AR")
-        axis.legend(fontsize=7)
-    machines = sorted({str(r.get("machine_described") or r.get("machine")) for r in rows})
-    figure.suptitle(f"speculation under load ({', '.join(machines)})", fontsize=9)
-    figure.tight_layout()
-    path = Path(run_dir) / LOAD_PNG
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return [path]
-
-
 FIGURES = (
     Figure(
         "acceptance",
@@ -160,7 +126,8 @@ FIGURES = (
     ),
     Figure(
         "load",
-        "speculation's speedup over the same engine's AR by concurrency, from `specbench load`'s load.csv",
+        "speculation's speedup over the same engine's AR by load level, with 95% intervals, from "
+        "`specbench load`'s load.csv",
         write_load_plot,
     ),
 )
