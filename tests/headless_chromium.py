@@ -24,6 +24,7 @@ def find() -> str | None:
 class Browser:
     def __init__(self, binary: str, width: int = 1400, height: int = 1000):
         self._profile = tempfile.mkdtemp(prefix="specbench-chromium-")
+        self._log = open(Path(self._profile) / "stderr.log", "wb")  # why it stopped, if it does
         to_browser, self._commands = os.pipe()
         self._replies, from_browser = os.pipe()
 
@@ -36,7 +37,7 @@ class Browser:
              "--no-first-run", "--disable-extensions", "--disable-background-networking",
              "--disable-component-update", "--disable-sync", f"--user-data-dir={self._profile}",
              "about:blank"],
-            preexec_fn=wire, close_fds=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=wire, close_fds=False, stdout=subprocess.DEVNULL, stderr=self._log,
         )  # fmt: skip
         os.close(to_browser)
         os.close(from_browser)
@@ -54,10 +55,10 @@ class Browser:
         deadline = time.monotonic() + timeout
         while b"\0" not in self._buffer:
             if time.monotonic() > deadline or self.process.poll() is not None:
-                raise RuntimeError("chromium stopped answering")
+                raise RuntimeError(f"chromium stopped answering: {self.last_words()}")
             chunk = os.read(self._replies, 1 << 16)
             if not chunk:
-                raise RuntimeError("chromium closed its pipe")
+                raise RuntimeError(f"chromium closed its pipe: {self.last_words()}")
             self._buffer += chunk
         message, self._buffer = self._buffer.split(b"\0", 1)
         return json.loads(message)
@@ -67,7 +68,10 @@ class Browser:
         message = {"id": self._next, "method": method, "params": params}
         if session:
             message["sessionId"] = self.session
-        os.write(self._commands, json.dumps(message).encode() + b"\0")
+        try:
+            os.write(self._commands, json.dumps(message).encode() + b"\0")
+        except BrokenPipeError:
+            raise RuntimeError(f"chromium is gone: {self.last_words()}") from None
         while True:
             reply = self._read()
             if reply.get("id") == self._next:
@@ -75,6 +79,15 @@ class Browser:
                     raise RuntimeError(f"{method}: {reply['error']}")
                 return reply.get("result", {})
             self.events.append(reply)
+
+    def last_words(self) -> str:
+        """The last lines chromium wrote to stderr."""
+        try:
+            return " | ".join(
+                (Path(self._profile) / "stderr.log").read_text(errors="replace").splitlines()[-3:]
+            )
+        except OSError:
+            return "no log"
 
     def wait_for(self, method: str, timeout: float = 30.0) -> dict:
         for event in self.events:
@@ -134,6 +147,7 @@ class Browser:
             self.process.kill()
         os.close(self._commands)
         os.close(self._replies)
+        self._log.close()
         shutil.rmtree(self._profile, ignore_errors=True)
 
     def __enter__(self) -> Browser:

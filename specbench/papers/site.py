@@ -111,41 +111,43 @@ def _index_row(run: Path, results: Path, page: str | None, problem: str | None) 
     models = environment.get("models") or {}
     sources = ", ".join(sorted({str(m.get("source")) for m in models.values() if isinstance(m, dict)}))
     machine = (environment.get("machine") or {}).get("described", "")
-    best, text, lossless = None, problem or "", ""
+    best, text, cell, lossless = None, problem or "", "", ""
     if problem is None and (run / CELLS).is_file():
-        best, text, lossless = _headline(load_cells(run))
+        best, text, cell, lossless = _headline(load_cells(run))
     link = f'<a href="{escape(page)}">{escape(relative)}</a>' if page else escape(relative)
     cells_row = [
         Cell(link, markup=True),
         Cell(paper),
-        Cell(sources),
-        Cell(machine),
         Cell(text, best, "speedup_vs_ar"),
         Cell(lossless),
+        Cell(machine),
+        Cell(cell),
+        Cell(sources),
     ]
     return Row(cells_row, {"run": relative, "speedup": "" if best is None else repr(best)})
 
 
-def _headline(cells) -> tuple[float | None, str, str]:
-    """A run's best drafting cell by speedup over AR (value, "1.71x [1.61, 1.83] cell") and its
+def _headline(cells) -> tuple[float | None, str, str, str]:
+    """A run's best drafting cell by speedup over AR (value, "1.71x [1.61, 1.83]", the cell) and its
     lossless tally ("identical/checked" over every cell)."""
-    best, text, lossless = None, "", ""
+    best, text, cell, lossless = None, "", "", ""
     if "speedup_vs_ar" in cells.columns:
         drafting = cells[(cells["method"] != BASELINE) & cells["speedup_vs_ar"].notna()]
         if len(drafting):
             record = drafting.loc[drafting["speedup_vs_ar"].idxmax()].to_dict()
             best = float(record["speedup_vs_ar"])
-            text = f"{format_interval(record, 'speedup_vs_ar', 'x')} {record['cell']}"
+            text = format_interval(record, "speedup_vs_ar", "x")
+            cell = record["cell"]
     if "lossless_checked" in cells.columns:
         checked = int(cells["lossless_checked"].fillna(0).sum())
         if checked:
             lossless = f"{int(cells['lossless_identical'].fillna(0).sum())}/{checked}"
-    return best, text, lossless
+    return best, text, cell, lossless
 
 
 def _index_table(rows: list[Row]) -> str:
-    header = ["run", "paper", "models", "machine", "best speedup over AR", "lossless"]
-    return html.table(header, rows, left=("run", "paper", "models", "machine", "lossless"))
+    header = ["run", "paper", "best speedup over AR", "lossless", "machine", "its cell", "models"]
+    return html.table(header, rows, left=("run", "paper", "models", "machine", "lossless", "its cell"))
 
 
 def render_markdown(text: str) -> str:

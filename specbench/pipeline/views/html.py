@@ -94,8 +94,15 @@ def number(value) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def table(header: list[str], rows: list[Row], left: tuple[str, ...] = (), sortable: bool = True) -> str:
-    """A table; the columns named in ``left`` are text, aligned left."""
+def table(
+    header: list[str],
+    rows: list[Row],
+    left: tuple[str, ...] = (),
+    sortable: bool = True,
+    wrap: tuple[str, ...] = (),
+) -> str:
+    """A table; the columns named in ``left`` are text, aligned left, and those in ``wrap`` long text
+    that wraps (every other cell stays on one line)."""
     kind = ' class="sortable"' if sortable else ""
     head = "".join(f"<th{' class=text' if h in left else ''}>{escape(h)}</th>" for h in header)
     body = []
