@@ -91,3 +91,25 @@ def test_run_page_shows_cells_csv_and_sorts_by_a_click(chromium, site: Path):
         assert browser.evaluate(order) == sorted(ascending, reverse=True)
         shot = browser.screenshot(site / "run.png")
     assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
+
+
+def test_the_whole_committed_evidence_opens_as_a_site(chromium, tmp_path_factory):
+    """`make site` over every committed run: each page opens with no request beyond itself, no script
+    error, and no figure left undrawn."""
+    out = tmp_path_factory.mktemp("evidence") / "site"
+    done = CliRunner().invoke(app, ["site", str(ROOT / "results"), "-o", str(out)])
+    assert done.exit_code == 0, done.output
+    pages = sorted(out.rglob("*.html"))
+    runs = {p.parent for p in (ROOT / "results").rglob("cells.csv")} | {
+        p.parent for p in (ROOT / "results").rglob("load.csv")
+    }
+    assert len(pages) == len(runs) + 3  # a page per run, the index, the claims, the papers' tables
+    with Browser(chromium) as browser:
+        for page in pages:
+            browser.open(page)
+            assert browser.errors() == [], page
+            assert browser.requested() == [page.resolve().as_uri()], page
+            undrawn = browser.evaluate(
+                "Array.from(document.querySelectorAll('svg')).filter(s => s.getBBox().width == 0).length"
+            )
+            assert undrawn == 0, page
