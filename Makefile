@@ -18,7 +18,7 @@ DEMO_OUT    ?= runs/demo
 DATA_DIR    ?= $(or $(SPECBENCH_DATA_DIR),../shared/data)
 CACHE       ?= $(or $(SPECBENCH_CACHE),$(HOME)/.cache/specbench)
 
-.PHONY: install install-vllm install-chromium demo site test test-slow lint bench models drafts heads drafts-exit reproduce-table2 reproduce-table2-tiny clean-venv
+.PHONY: install install-vllm install-llamacpp install-chromium demo site test test-slow lint bench models drafts heads drafts-exit reproduce-table2 reproduce-table2-tiny clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -43,6 +43,17 @@ $(VLLM_STAMP):
 	touch $(VLLM_STAMP)
 
 install-vllm: $(VLLM_STAMP)
+
+## install-llamacpp: llama.cpp's llama-server (and llama-quantize, for a BF16 GGUF of the same weights),
+## built from the llama.cpp tree inside the llama-cpp-python source distribution (pip download --no-binary)
+## into .llamacpp/, which git ignores, and linked as .llamacpp/bin/llama-server, where engine: llama.cpp
+## cells find it. Needs cmake and a C/C++ compiler; about 8 minutes of CPU on 2 cores (LLAMACPP_JOBS).
+LLAMACPP_DIR  ?= .llamacpp
+LLAMACPP_SPEC ?= llama-cpp-python==0.3.36
+LLAMACPP_JOBS ?= 2
+install-llamacpp:
+	LLAMACPP_DIR=$(LLAMACPP_DIR) LLAMACPP_SPEC=$(LLAMACPP_SPEC) LLAMACPP_JOBS=$(LLAMACPP_JOBS) \
+		PYTHON=$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) bash scripts/llamacpp/install.sh
 
 ## demo: the main job — SmolLM2-135M-Instruct, AR vs speculative decoding, on the embedded prompts,
 ## measured on this machine (2-3 minutes on 2 CPU cores) into $(DEMO_OUT), which git ignores, then

@@ -1,10 +1,12 @@
-"""Serving engines as backends: a recipe model with ``engine: vllm`` runs its cells inside that engine.
+"""Serving engines as backends: a recipe model with ``engine: vllm`` or ``engine: llama.cpp`` runs its
+cells inside that engine.
 
 Every module of this package that wraps an engine declares it as a module-level
 ``BACKEND = Backend(...)``: the options it passes through (``engine_options:`` on the model, validated
 when the recipe is read), how it maps a cell (method, parameters, drafter) to its own speculative
 settings or refuses it, and how it opens the engine. :data:`BACKENDS` collects them on first use, so
-a second engine (SGLang's offline ``Engine``) is one more module beside :mod:`specbench.engines.vllm`.
+another engine (SGLang's offline ``Engine``) is one more module beside :mod:`specbench.engines.vllm` and
+:mod:`specbench.engines.llamacpp`.
 
 An engine model stands where an :class:`~specbench.models.hf.HFModel` target stands in a cell: it has
 the tokenizer, device and EOS ids a request is built from, and ``generate`` returns a
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import pkgutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from specbench.methods import ParamSpec
@@ -38,6 +40,7 @@ class CellView:
     drafter_kind: str | None
     drafter_options: dict
     greedy: bool
+    drafter_source: str | None = None  # the drafter's source: (an engine that loads its file itself)
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,14 @@ class Backend:
     # serve(target, speculative settings, drafter, port) -> (command, environment) of the engine's
     # HTTP server for load (specbench.engines.load); None: the engine has no server here
     serve: Callable[..., tuple[list[str], dict]] | None = None
+    # source_problem(source, engine_options) -> a Problem naming the model's field when the engine
+    # cannot serve that source's weights (checked when the recipe is read); None: it serves any
+    source_problem: Callable[[str, dict], Problem] | None = None
+    # True when the engine runs other weights than specbench's copy of the same source (llama.cpp's
+    # quantized GGUF): its lossless cells are audited against its own AR, never against ours
+    own_reference: bool = False
+    # load's counters in the server's /metrics: drafts, draft_tokens, accepted -> metric name
+    load_counters: Mapping[str, str] = field(default_factory=dict)
 
 
 class EngineModel:
@@ -102,7 +113,7 @@ def _imported_here(module: pkgutil.ModuleInfo) -> bool:
 
 BACKENDS: Registry[Backend] = Registry("engine", __name__, "BACKEND", modules=_imported_here)
 
-ENGINE_NAMES = ("vllm",)  # the recipe schema's literal; tests check it equals BACKENDS' keys
+ENGINE_NAMES = ("llama.cpp", "vllm")  # the recipe schema's literal; tests check it equals BACKENDS' keys
 
 
 def option_problem(engine: str, options: dict) -> Problem:

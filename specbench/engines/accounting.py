@@ -14,9 +14,16 @@ that runs alone, and times every engine step that grew the request's output. Fro
   to steps that accepted none. Which of those zero-accept steps drafted cannot be told from counters,
   so they are taken in order (acceptance by position and the histogram do not depend on the order).
 
+llama.cpp's server instead reports, with every output token it streams, its running counters of the
+request (``timings.draft_n``, draft tokens, and ``timings.draft_n_accepted``), which locate each step
+exactly (:func:`steps_from_marks`): the counters grow where a step verified a draft, and that step
+committed its accepted drafts and one token more; a token whose counters did not grow is a step that
+drafted nothing.
+
 The engine's own figures stay beside ours under their own names: vLLM's mean acceptance length is
 ``1 + accepted / num_drafts`` over the steps that drafted only, and its per-position rates are
-unconditional (accepted at position i / drafts).
+unconditional (accepted at position i / drafts); llama.cpp's draft acceptance rate is accepted / draft
+tokens, and its mean acceptance length (its log's ``mean len``) is vLLM's definition.
 """
 
 from __future__ import annotations
@@ -81,6 +88,71 @@ class SpecCounters:
             int(grown.get("vllm:spec_decode_num_accepted_tokens", 0)),
             tuple(int(v) for v in grown.get("vllm:spec_decode_num_accepted_tokens_per_pos", []) or []),
         )
+
+    @classmethod
+    def from_llamacpp(cls, timings: dict, steps: list[tuple[int, int]]) -> SpecCounters:
+        """llama.cpp's request timings (draft tokens and accepted tokens) with the drafting steps and the
+        acceptance by position of ``steps`` (:func:`steps_from_marks`), which its counters located."""
+        return cls(
+            sum(1 for drafted, _ in steps if drafted),
+            int(timings.get("draft_n", 0)),
+            int(timings.get("draft_n_accepted", 0)),
+            tuple(accepted_by_position(steps)),
+        )
+
+
+def steps_from_marks(
+    marks: list[tuple[int, int] | None], final: tuple[int, int] | None = None, k: int | None = None
+) -> tuple[list[tuple[int, int]], list[int]]:
+    """(drafted, accepted) per target pass, and the output's length after each pass, from the running
+    counters (draft tokens, accepted tokens) an engine reported with each output token in order.
+
+    The first token is the prefill's. A token whose counters grew by (d, a) begins a step that verified
+    d drafted tokens and committed its a accepted ones and one more, all reported with those counters;
+    the last step may be cut short at a stop. A token whose counters did not grow is a step that drafted
+    nothing. ``None`` marks a token the engine did not report alone (llama.cpp holds back a token that
+    ends inside a UTF-8 character and sends it with the next): it belongs to the step before it while
+    that step is short of its tokens, else to the step of the next reported token (after the last one,
+    to the request's ``final`` counters). When that step's counters grew by more than ``k`` (the most a
+    step drafts) the held token hid a whole step of its own, whose counters nobody saw: it is taken as a
+    step that drafted ``k`` and accepted none (the totals stay exact; which of the hidden steps accepted
+    what cannot be told)."""
+    steps: list[tuple[int, int]] = []
+    ends: list[int] = []
+    counted, left = (0, 0), 0  # the counters after the last step; tokens its step still commits
+    for i, mark in enumerate(marks):
+        if i == 0:  # the prefill: no draft can be verified before the first token
+            if mark not in (None, (0, 0)):
+                raise AccountingError(f"the first token came with counters {mark}, before any step drafted")
+            steps.append((0, 0))
+            ends.append(1)
+            continue
+        if mark is None:
+            later = next((m for m in marks[i + 1 :] if m is not None), final or counted)
+            mark = counted if left else later
+            if not left and k is not None and mark[0] - counted[0] > k:
+                counted = (counted[0] + k, counted[1])
+                steps.append((k, 0))
+                ends.append(ends[-1] + 1)
+                continue
+        if left:
+            if mark != counted:
+                raise AccountingError(
+                    f"token {i} came with counters {mark} inside a step that counted {counted}"
+                )
+            left -= 1
+            ends[-1] += 1
+            continue
+        drafted, accepted = mark[0] - counted[0], mark[1] - counted[1]
+        if (drafted, accepted) == (0, 0):
+            steps.append((0, 0))
+        elif drafted <= 0 or not 0 <= accepted <= drafted:
+            raise AccountingError(f"counters went from {counted} to {mark}: not one step's draft")
+        else:
+            steps.append((drafted, accepted))
+            counted, left = mark, accepted
+        ends.append(ends[-1] + 1)
+    return steps, ends
 
 
 def step_growth(step_lengths: list[int]) -> list[int]:

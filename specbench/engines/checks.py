@@ -15,7 +15,7 @@ from specbench.sources import source_of
 
 def model_problem(source: str, engine: str | None, engine_options: dict) -> Problem:
     """A serving engine's options are its backend's, and only it takes them; heads are no model an
-    engine serves on its own."""
+    engine serves on its own; the backend may refuse a source whose weights it cannot read."""
     if engine not in ENGINE_NAMES:
         if engine_options:
             return (
@@ -35,7 +35,8 @@ def model_problem(source: str, engine: str | None, engine_options: dict) -> Prob
     if problem:
         option, text, fix = problem
         return f"engine_options.{option}", text, fix
-    return None
+    serves = BACKENDS[engine].source_problem
+    return serves(source, engine_options) if serves is not None else None
 
 
 def drafter_problem(name: str, engine: str | None) -> Problem:

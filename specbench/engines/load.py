@@ -1,6 +1,6 @@
-"""Engine cells under load: each cell's engine served on 127.0.0.1 (``vllm serve``) and driven by the
-load client (:mod:`specbench.engines.load_client`) at each level of the recipe's ``load:``; what a sweep
-directory holds, and how it is read back.
+"""Engine cells under load: each cell's engine served on 127.0.0.1 (``vllm serve``, ``llama-server``)
+and driven by the load client (:mod:`specbench.engines.load_client`) at each level of the recipe's
+``load:``; what a sweep directory holds, and how it is read back.
 
 - ``load.csv``: one row per (cell, level, repeat): the level's throughput, latency percentiles, goodput
   and the engine's ``/metrics`` counters differenced around it, written as soon as the level ends, so
@@ -34,7 +34,7 @@ LOAD_CSV = "load.csv"
 LOAD_REQUESTS = "load_requests.jsonl"
 LOAD_SUMMARY = "load_summary.csv"
 LOAD_PNG = "load.png"
-SPEC_COUNTERS = {
+SPEC_COUNTERS = {  # vLLM's; another backend names its own (Backend.load_counters)
     "drafts": "vllm:spec_decode_num_drafts_total",
     "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
     "accepted": "vllm:spec_decode_num_accepted_tokens_total",

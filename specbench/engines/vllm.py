@@ -39,6 +39,7 @@ from specbench.engines.accounting import (
     inter_token_latencies,
     steps_from_counters,
 )
+from specbench.engines.load import SPEC_COUNTERS
 from specbench.engines.process import WorkerProcess
 from specbench.errors import SpecbenchError
 from specbench.methods import BASELINE, ParamSpec
@@ -392,4 +393,5 @@ BACKEND = Backend(
     _open,
     _available,
     _serve,
+    load_counters=SPEC_COUNTERS,
 )

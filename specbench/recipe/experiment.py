@@ -87,11 +87,12 @@ class Recipe(Strict):
     def reference_model(self, name: str) -> str:
         """The model whose autoregressive output checks ``name``'s lossless cells: itself, or for a model
         on a serving engine the recipe's model of the same weights (source, revision, dtype, options)
-        that specbench runs itself and decodes autoregressively, when there is one."""
-        from specbench.engines import ENGINE_NAMES
+        that specbench runs itself and decodes autoregressively, when there is one (never for an engine
+        that runs other weights than ours, llama.cpp's quantized GGUF: it is its own reference)."""
+        from specbench.engines import BACKENDS, ENGINE_NAMES
 
         spec = self.models[name]
-        if spec.engine not in ENGINE_NAMES:
+        if spec.engine not in ENGINE_NAMES or BACKENDS[spec.engine].own_reference:
             return name
         same = (spec.source, spec.revision, self.dtype_of(name), spec.options)
         for other, model in self.models.items():
@@ -225,4 +226,5 @@ def engine_cell_view(recipe: Recipe, cell: Cell) -> CellView:
         source_of(spec.source).kind if spec else None,
         dict(spec.options) if spec else {},
         recipe.generation.temperature == 0,
+        spec.source if spec else None,
     )

@@ -144,6 +144,9 @@ class Source:
     # (an alias of a published family, or a drafter trained on one): a recipe that pairs two known
     # tokenizers that differ is refused before any model loads; None: known only once loaded
     tokenizer: Callable[[str], str | None] | None = None
+    # gguf(source, where) -> the GGUF file its weights come from (fetched if need be), for an engine that
+    # reads GGUF itself (llama.cpp); None: the kind has no such file
+    gguf: Callable[[str, str], Path] | None = None
 
 
 def _recognition_order(source: Source) -> tuple[int, str]:

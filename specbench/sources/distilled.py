@@ -1,5 +1,6 @@
 """``distilled:<target>/<size>``: a drafter trained by ``specbench distill`` (``make drafts``), read from
-``<cache>/drafters/<target>/<size>``; a saved draft vocabulary restricts its head (FR-Spec)."""
+``<cache>/drafters/<target>/<size>``; a saved draft vocabulary restricts its head (FR-Spec). A ``.gguf``
+conversion in that folder is what llama.cpp loads as a draft model (its head scores every token)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from specbench.models.cache import DISTILLED_PREFIX
 from specbench.models.options import LOADER_OPTIONS
 from specbench.sources import LoadContext, Source, Weights
 from specbench.sources import checkpoints as ckpt
+from specbench.sources.local import gguf_in
 
 
 def _path(source: str):
@@ -61,4 +63,5 @@ SOURCE = Source(
     order=30,
     trained_in=_path,
     tokenizer=_tokenizer,
+    gguf=lambda source, where: gguf_in(_folder(source, where), source, where),
 )

@@ -47,4 +47,5 @@ SOURCE = Source(
     facts=_facts,
     options=LOADER_OPTIONS,
     order=60,
+    gguf=_file,
 )

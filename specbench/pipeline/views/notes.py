@@ -61,8 +61,8 @@ def engines_note(cells: pd.DataFrame) -> str:
         + ". The engine's figure leaves out the passes that drafted nothing (the prefill; n-gram steps "
         "with no match), so it is the larger; ours counts every pass, as the papers' tokens per step do. "
         "Against our cell: both count the prefill as a target pass, but our loops also verify a first draft "
-        "inside it, while vLLM drafts from its second pass on, so wherever that first draft is accepted vLLM "
-        "needs one pass more."
+        "inside it, while the engines (vLLM, llama.cpp) draft from their second pass on, so wherever that "
+        "first draft is accepted the engine needs one pass more."
     )
 
 
