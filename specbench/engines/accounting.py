@@ -236,6 +236,26 @@ def engine_figures(spec: SpecCounters, name: str) -> dict:
     return figures
 
 
+def target_forwards(steps: list[tuple[int, int]], prompt: int, seconds: float) -> dict:
+    """An engine request's target passes in the row's ``forwards`` form: the first pass over the prompt,
+    then one over each step's drafts + 1 after the context committed so far (``shapes``: tokens fed ->
+    [passes, summed context]), ``seconds`` the engine's whole time (drafting included)."""
+    shapes: dict[str, list[int]] = {}
+    committed = 0
+    for i, (drafted, accepted) in enumerate(steps):
+        fed, context = (prompt, 0) if i == 0 else (drafted + 1, prompt + committed - 1)
+        before = shapes.get(str(fed), [0, 0])
+        shapes[str(fed)] = [before[0] + 1, before[1] + context]
+        committed += accepted + 1
+    return {
+        "forward_passes": len(steps),
+        "tokens_scored": sum(int(k) * v[0] for k, v in shapes.items()),
+        "encoder_passes": 0,
+        "seconds": seconds,
+        "shapes": shapes,
+    }
+
+
 def inter_token_latencies(step_times: list[float], step_lengths: list[int]) -> tuple[float, list[float]]:
     """(TTFT, ITLs): the first committing step's time, and the gaps between committing steps (a step
     that commits several tokens is one gap, as streaming clients see it)."""

@@ -48,6 +48,7 @@ from specbench.engines.accounting import (
     engine_figures,
     inter_token_latencies,
     steps_from_marks,
+    target_forwards,
 )
 from specbench.engines.llamacpp_gguf import GGUFFacts, model_problem, read_facts, vocabulary_problem
 from specbench.engines.load import Server
@@ -369,22 +370,9 @@ def generation_from_stream(
     tokens, marks, arrivals = tokens[:cut], marks[:cut], arrivals[:cut]
     steps, ends = steps_from_marks(marks, final, spec["n_max"] if spec else None)
     ttft, itl = inter_token_latencies([arrivals[end - 1] for end in ends], ends)
-    shapes: dict[str, list[int]] = {}
-    committed = 0
-    for i, (drafted, accepted) in enumerate(steps):
-        fed, context = (prompt, 0) if i == 0 else (drafted + 1, prompt + committed - 1)
-        before = shapes.get(str(fed), [0, 0])
-        shapes[str(fed)] = [before[0] + 1, before[1] + context]
-        committed += accepted + 1
     forwards = {
-        name: {
-            "forward_passes": len(steps),
-            "tokens_scored": sum(int(k) * v[0] for k, v in shapes.items()),
-            "encoder_passes": 0,
-            "seconds": streamed.walltime,  # the server's whole time (drafting included)
-            "shapes": shapes,
-        }
-    }
+        name: target_forwards(steps, prompt, streamed.walltime)
+    }  # the server's whole time (drafting included)
     if spec and spec["spec_type"] == "draft-simple":
         drafted = sum(d for d, _ in steps)  # a draft-model pass per proposed token
         forwards[drafter or "drafter"] = {

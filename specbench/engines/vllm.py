@@ -38,6 +38,7 @@ from specbench.engines.accounting import (
     engine_figures,
     inter_token_latencies,
     steps_from_counters,
+    target_forwards,
 )
 from specbench.engines.load import SPEC_COUNTERS
 from specbench.engines.process import WorkerProcess
@@ -284,22 +285,9 @@ def generation_from_answer(
             "run engine cells one request at a time (no other client on this engine)",
         ) from None
     ttft, itl = inter_token_latencies(answer["step_times"], answer["step_lengths"])
-    shapes: dict[str, list[int]] = {}
-    committed = 0
-    for i, (drafted, accepted) in enumerate(steps):
-        fed, context = (prompt, 0) if i == 0 else (drafted + 1, prompt + committed - 1)
-        before = shapes.get(str(fed), [0, 0])
-        shapes[str(fed)] = [before[0] + 1, before[1] + context]
-        committed += accepted + 1
     forwards = {
-        name: {
-            "forward_passes": len(steps),
-            "tokens_scored": sum(int(k) * v[0] for k, v in shapes.items()),
-            "encoder_passes": 0,
-            "seconds": answer["walltime"],  # the engine's whole step time (drafting included)
-            "shapes": shapes,
-        }
-    }
+        name: target_forwards(steps, prompt, answer["walltime"])
+    }  # the engine's whole step time (drafting included)
     settings = started.get("settings") or {}
     method = (spec or {}).get("method")
     if method in ("draft_model", *HEADS):

@@ -203,25 +203,31 @@ class CpuTimes:
     at: float
 
 
-def group_cpu_seconds(groups) -> float:
-    """CPU seconds used so far by the live processes of the given process groups (Linux; 0 elsewhere)."""
-    groups, total = set(groups), 0.0
+def group_stats(groups) -> list[list[str]]:
+    """/proc/PID/stat's fields after the process name (state, ppid, pgrp, ...) of every live process
+    of the given process groups (Linux; [] elsewhere)."""
+    groups, found = set(groups), []
     if not groups:
-        return 0.0
-    tick = os.sysconf("SC_CLK_TCK")
+        return found
     try:
         pids = [p for p in os.listdir("/proc") if p.isdigit()]
     except OSError:
-        return 0.0
+        return found
     for pid in pids:
         try:
             with open(f"/proc/{pid}/stat") as handle:
                 fields = handle.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[2]) in groups:  # after the name: state, ppid, pgrp, ..., utime (11), stime (12)
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+        if int(fields[2]) in groups:
+            found.append(fields)
+    return found
+
+
+def group_cpu_seconds(groups) -> float:
+    """CPU seconds used so far by the live processes of the given process groups (Linux; 0 elsewhere)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    return sum((int(f[11]) + int(f[12])) / tick for f in group_stats(groups))  # utime (11), stime (12)
 
 
 def cpu_times() -> CpuTimes | None:

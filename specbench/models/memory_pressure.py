@@ -17,6 +17,8 @@ import os
 import resource
 from dataclasses import dataclass
 
+from specbench.models.machine import group_stats
+
 # pages read back during one row, in MiB, from which its walltime is not clean: far above the few
 # pages a first touch of a file or a library faults in, far below a model's weights
 DISTURBING_MB = 64.0
@@ -65,22 +67,7 @@ def disturbed(row: dict) -> bool:
 def group_major_faults(groups) -> int:
     """Major faults so far of the live processes of the given process groups (a serving engine's;
     Linux; 0 elsewhere)."""
-    groups, total = set(groups), 0
-    if not groups:
-        return 0
-    try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) in groups:  # after the name: state, ppid, pgrp, ..., majflt (9)
-            total += int(fields[9])
-    return total
+    return sum(int(fields[9]) for fields in group_stats(groups))  # majflt (9)
 
 
 def _vmstat(name: str) -> int | None:
