@@ -27,6 +27,8 @@ RECOGNISED = {
     "eagle:smollm2-135m-instruct/eagle": "eagle",
     "eagle3:yuhuili/EAGLE3-LLaMA3.1-Instruct-8B": "eagle3",
     "eagle3:/heads/eagle3-qwen3": "eagle3",
+    "eagle1:yuhuili/EAGLE-Vicuna-7B-v1.3": "eagle1",
+    "medusa-heads:FasterDecoding/medusa-vicuna-7b-v1.3": "medusa-heads",
     "/models/x.gguf": "gguf",
     "org/name": "hub",
     "not-a-model": "hub",  # the hub kind takes the rest, and says why it cannot load it
@@ -35,8 +37,8 @@ RECOGNISED = {
 
 def test_every_kind_is_declared_once_and_recognised_in_order(tmp_path):
     assert list(SOURCES) == [
-        "statistical", "tiny", "smollm2", "qwen-coder", "distilled", "medusa", "eagle", "eagle3",
-        "early-exit", "gguf", "local", "hub",
+        "statistical", "tiny", "smollm2", "qwen-coder", "distilled", "medusa", "eagle", "eagle3", "eagle1",
+        "medusa-heads", "early-exit", "gguf", "local", "hub",
     ]  # fmt: skip
     for source, kind in RECOGNISED.items():
         assert source_of(source).kind == kind, source

@@ -41,7 +41,9 @@ def report(
         "over AR per category (MT-Bench, Translation, Summarization, QA, Math, RAG) and overall, with "
         "paired bootstrap intervals, and #Mean Accepted Tokens. Needs rows that carry a category "
         "(task spec_bench). step: where each drafting cell's step goes (the target's pass, the drafters' "
-        "passes, the time outside any pass) and the speedup the target pass alone would allow.",
+        "passes, the time outside any pass) and the speedup the target pass alone would allow. k: the "
+        "model-card table, acceptance length per draft length k per dataset, pooled over the run and as "
+        "the mean of per-request values side by side (--html/--json write it as a page).",
     ),
     baseline: str = typer.Option(
         None,
@@ -65,23 +67,28 @@ def report(
 
     With --paper, the paper's table instead: each paper row beside the best of our matching cells.
     With --by category, Spec-Bench's leaderboard by category (Xia et al., Findings of ACL 2024); with
-    --by step, where each step's time goes. With --baseline CELL, every cell against that cell.
+    --by step, where each step's time goes; with --by k, acceptance length per draft length (the
+    table published heads' model cards give). With --baseline CELL, every cell against that cell.
     """
     chosen = [name for name, value in (("--by", by), ("--paper", paper), ("--baseline", baseline)) if value]
     if len(chosen) > 1:
         raise SpecbenchError(chosen[1], f"cannot be combined with {chosen[0]}", "pass one of them")
     page = "--html" if html else "--json" if json else None
-    if chosen and page:
+    if chosen and page and by != "k":
         raise SpecbenchError(
             page, f"writes the run's page, which {chosen[0]} does not shape", f"drop {chosen[0]} (or {page})"
         )
     if by is not None:
-        if by not in ("category", "step"):
-            raise SpecbenchError("--by", f"unknown breakdown {by!r}", "use --by category or --by step")
+        if by not in ("category", "step", "k"):
+            raise SpecbenchError("--by", f"unknown breakdown {by!r}", "use --by category, step or k")
         from specbench.pipeline.views.breakdowns import render_steps
+        from specbench.pipeline.views.by_k import render_by_k
         from specbench.pipeline.views.categories import render_categories
 
-        text = render_categories(results, format) if by == "category" else render_steps(results, format)
+        if by == "k":
+            _check_page_outputs(html, json)
+        views = {"category": render_categories, "step": render_steps, "k": render_by_k}
+        text = views[by](results, format)
     elif baseline is not None:
         from specbench.pipeline.views.breakdowns import render_against
 
@@ -101,7 +108,12 @@ def report(
             _check_page_outputs(html, json)
         text = render(results, format)
     write_text(text)
-    if html or json:
+    if (html or json) and by == "k":
+        from specbench.pipeline.views.by_k import by_k_page
+
+        page, twin = by_k_page(results)
+        _write_page(html, page, json, twin)
+    elif html or json:
         from specbench.papers.registry import paper_sections
         from specbench.pipeline.views.run_page import render_run, run_directory
 

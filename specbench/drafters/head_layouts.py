@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from specbench.drafters import head_metadata
 from specbench.drafters.eagle import EagleDrafter
 from specbench.drafters.eagle3 import LAYER_FAMILIES, Eagle3Head
 from specbench.drafters.heads import follow_linear
@@ -50,6 +51,7 @@ HEAD_FIELDS = (
     "draft_vocab_size",
     "target_hidden_size",
     "eagle_aux_hidden_state_layer_ids",
+    "eagle_config",  # SpecForge's: {"eagle_aux_hidden_state_layer_ids": [...], ...}
     "norm_before_residual",
     "architectures",
 )
@@ -74,6 +76,8 @@ class HeadCheckpoint:
     tensors: dict
     digest: str  # of config.json and the weights file
     speculators_config: dict | None = None
+    aux_layer_ids_from: str = "default"  # the field that named them (head_metadata.aux_ids)
+    aux_layer_ids_elsewhere: tuple[int, ...] | None = None  # other ids eagle_config names
 
     def aux_layers(self, num_layers: int) -> tuple[int, ...]:
         """The target layers it reads: its own ids, else EAGLE's 2, L // 2, L - 3."""
@@ -166,7 +170,7 @@ def _layout(config: dict, path: Path, where: str) -> tuple[str, dict, dict | Non
         raise SpecbenchError(
             where,
             f"{path} has no draft_vocab_size: not an EAGLE-3 head (an EAGLE-1 or -2 head?)",
-            "point at an EAGLE-3 head in the EAGLE or speculators layout",
+            "point at an EAGLE-3 head in the EAGLE or speculators layout (EAGLE-1/2 heads: eagle1:<dir>)",
         )
     layer = {k: v for k, v in config.items() if k not in HEAD_FIELDS and k not in VARIANTS}
     return "eagle", {"model_type": "llama", **layer}, None
@@ -254,13 +258,7 @@ def read(folder: Path, where: str) -> HeadCheckpoint:
             raise SpecbenchError(
                 where, f"{path}: {field} is {value!r}; expected a positive integer", "fix the config"
             )
-    aux = config.get("eagle_aux_hidden_state_layer_ids")
-    if aux is not None and not (isinstance(aux, list) and aux and all(type(i) is int for i in aux)):
-        raise SpecbenchError(
-            where,
-            f"{path}: eagle_aux_hidden_state_layer_ids is {aux!r}; expected a list of layer ids",
-            "write the target layers the head reads, e.g. [2, 16, 29]",
-        )
+    aux, aux_from, elsewhere = head_metadata.aux_ids(config, path, where)
     _vocabulary(tensors, draft, layer["vocab_size"], weights, where)
     for name in ("fc.weight", "lm_head.weight"):
         if name not in tensors:
@@ -297,6 +295,8 @@ def read(folder: Path, where: str) -> HeadCheckpoint:
         tensors=tensors,
         digest=digest.hexdigest()[:16],
         speculators_config=speculators_config,
+        aux_layer_ids_from=aux_from,
+        aux_layer_ids_elsewhere=elsewhere,
     )
 
 
@@ -409,14 +409,7 @@ def load(
     static = True if step_graph else None if cuda_graphs else False
     drafter = EagleDrafter(name, head, embeddings, head, target.name, static, attn_implementation, step_graph)
     follow_linear(target, drafter.head)
-    drafter.checkpoint = {
-        "layout": checkpoint.layout,
-        "path": str(folder),
-        "digest": checkpoint.digest,
-        "aux_layer_ids": list(aux),
-        "draft_vocab_size": checkpoint.draft_vocab_size,
-        "norm_before_residual": checkpoint.norm_before_residual,
-    }
+    drafter.checkpoint = head_metadata.record(checkpoint, aux)
     return drafter
 
 

@@ -51,7 +51,21 @@ def heads_source(
         chosen = {name: request.opts[name] for name in options if name in request.opts}
         heads = module().load(folder(request.source), request.name, base, where, **chosen)
         heads.origin = f"{kind} {folder(request.source)} on {of}"
+        heads.checkpoint = trained_record(folder(request.source))
         return heads
+
+    def trained_record(path) -> dict:
+        """What environment.json records of how they were trained (the report names a run that
+        differs: specbench.pipeline.views.head_alarms)."""
+        manifest = json.loads((path / module().MANIFEST).read_text())
+        teacher = manifest.get("teacher") or {}
+        return {
+            "layout": f"specbench {kind}",
+            "path": str(path),
+            "trained_on": teacher.get("target"),
+            "chat_template": True,  # specbench distill renders every training prompt in it
+            **({"aux_layer_ids": manifest["fused_layers"]} if manifest.get("fused_layers") else {}),
+        }
 
     def facts(name, models, dtype):
         from specbench.models.facts import DTYPE_BYTES, ModelFacts

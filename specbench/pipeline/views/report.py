@@ -20,6 +20,7 @@ from specbench.pipeline.records.results import (
     read_environment,
     read_examples,
 )
+from specbench.pipeline.views.head_alarms import head_mismatch_note, misconfigured_note
 from specbench.pipeline.views.notes import (
     contended,
     cpu_share,
@@ -228,8 +229,11 @@ def report_parts(results: Path) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
         "pred.: the speedup predicted from the cell's forward counts and pass shapes by a pass cost fitted "
         "to the other half of the examples (specbench predict RUN shows its error)." + _bootstrap_note(cells)
     )
-    lines = [measured_on(directory) for directory in run_directories(results)]
-    lines += [line for line in (loaded_note(cells), disturbed_note(cells), engines_note(cells), note) if line]
+    directories = run_directories(results)
+    lines = [measured_on(directory) for directory in directories]
+    notes = (loaded_note(cells), disturbed_note(cells), misconfigured_note(cells, directories))
+    notes += (head_mismatch_note(directories), engines_note(cells), note)
+    lines += [line for line in notes if line]
     return cells, frame, lines
 
 
