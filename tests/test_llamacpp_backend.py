@@ -484,4 +484,8 @@ def test_a_load_level_through_the_stand_in(served, models):
     rows = pd.read_csv(served / "load" / "load.csv")
     assert sorted(rows.cell) == ["ar", "sd"] and (rows.completed == 2).all() and (rows.errors == 0).all()
     assert (rows[rows.cell == "sd"].drafts > 0).all() and (rows[rows.cell == "ar"].drafts == 0).all()
+    # its ids come in __verbose on the OpenAI route; drafts the target keeps change no output, and the
+    # quantized GGUF is its own reference (no specbench AR to check against)
+    assert (rows.token_ids == 2).all() and (rows.eq_engine_checked == 2).all()
+    assert (rows.eq_engine_identical == 2).all() and rows.eq_ours_checked.isna().all()
     assert _servers_left(served) == []

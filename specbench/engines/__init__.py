@@ -1,5 +1,5 @@
 """Serving engines as backends: a recipe model with ``engine: vllm`` or ``engine: llama.cpp`` runs its
-cells inside that engine.
+cells inside that engine; one with ``engine: openai`` is measured on a server specbench does not start.
 
 Every module of this package that wraps an engine declares it as a module-level
 ``BACKEND = Backend(...)``: the options it passes through (``engine_options:`` on the model, validated
@@ -66,6 +66,11 @@ class Backend:
     own_reference: bool = False
     # load's counters in the server's /metrics: drafts, draft_tokens, accepted -> metric name
     load_counters: Mapping[str, str] = field(default_factory=dict)
+    # attach(target) -> a server specbench did not start, for load (specbench.engines.openai_compat's
+    # Attached); None: load starts the engine's own server (serve)
+    attach: Callable[..., Any] | None = None
+    # the fields load's requests add to the OpenAI body (the output's token ids asked for)
+    load_body: Mapping[str, Any] = field(default_factory=dict)
 
 
 class EngineModel:
@@ -113,7 +118,8 @@ def _imported_here(module: pkgutil.ModuleInfo) -> bool:
 
 BACKENDS: Registry[Backend] = Registry("engine", __name__, "BACKEND", modules=_imported_here)
 
-ENGINE_NAMES = ("llama.cpp", "vllm")  # the recipe schema's literal; tests check it equals BACKENDS' keys
+# the recipe schema's literal; tests check it equals BACKENDS' keys
+ENGINE_NAMES = ("llama.cpp", "openai", "vllm")
 
 
 def option_problem(engine: str, options: dict) -> Problem:

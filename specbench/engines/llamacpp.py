@@ -469,4 +469,5 @@ BACKEND = Backend(
         "draft_tokens": "llamacpp:spec_decode_num_draft_tokens_total",
         "accepted": "llamacpp:spec_decode_num_accepted_tokens_total",
     },
+    load_body={"return_tokens": True, "verbose": True},  # its OpenAI route sends ids in __verbose only
 )

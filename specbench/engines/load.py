@@ -22,11 +22,12 @@ import json
 import math
 import os
 import socket
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
-from specbench.engines.load_client import CLOSED_LOOP, OPEN_LOOP, Level
+from specbench.engines.load_client import CLOSED_LOOP, OPEN_LOOP, Endpoint, Level
 from specbench.engines.process import EngineProcess
 from specbench.errors import SpecbenchError
 
@@ -56,6 +57,23 @@ class Server(EngineProcess):
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint.local(self.port)
+
+    def gone_within(self, grace: float) -> bool:
+        """Whether the server's process exits within ``grace`` seconds (a server that stopped
+        answering may be exiting: its sockets close a moment before it is reaped)."""
+        try:
+            self.process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def death(self) -> tuple[str, str, str]:
+        """(what happened to it, its last error, where to read more) for the line that stops a sweep."""
+        return f"exited (code {self.process.returncode})", self.last_error(), f"read {self.log_path}"
 
     def wait_ready(self, timeout: float) -> float:
         """Seconds until the server answered; a one-line error if it exits or never opens the port."""
@@ -94,14 +112,20 @@ class Server(EngineProcess):
 
     def counters(self) -> dict[str, float]:
         """The server's Prometheus counters, summed over label sets."""
-        with urllib.request.urlopen(self.url("/metrics"), timeout=30) as answer:
-            return parse_prometheus(answer.read().decode())
+        return parse_prometheus(scrape(self.url("/metrics")))
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def scrape(url: str, headers: tuple[tuple[str, str], ...] = (), timeout: float = 30) -> str:
+    """The text a server's ``/metrics`` answers (an OSError where it answers none or not 200)."""
+    request = urllib.request.Request(url, headers=dict(headers))
+    with urllib.request.urlopen(request, timeout=timeout) as answer:
+        return answer.read().decode(errors="replace")
 
 
 def parse_prometheus(text: str) -> dict[str, float]:

@@ -270,13 +270,21 @@ class VLLMTarget(EngineModel):
 
 
 def generation_from_answer(
-    answer: dict, name: str, spec: dict | None, started: dict, prompt: int, drafter: str | None = None
+    answer: dict,
+    name: str,
+    spec: dict | None,
+    started: dict,
+    prompt: int,
+    drafter: str | None = None,
+    engine: str = "vllm",
 ) -> Generation:
-    """A worker's answer for one request as a :class:`Generation` with its engine record."""
+    """A worker's answer for one request as a :class:`Generation` with its engine record (``engine``:
+    the record's name for it; an OpenAI-compatible server's answer, rebuilt from its stream and vLLM's
+    counters in its ``/metrics``, takes the same path)."""
     tokens = [int(t) for t in answer["token_ids"]]
-    grown = difference(answer["before"], answer["after"])
-    counters = SpecCounters.from_vllm(grown)
     try:
+        grown = difference(answer["before"], answer["after"])
+        counters = SpecCounters.from_vllm(grown)
         steps = steps_from_counters(answer["step_lengths"], counters)
     except AccountingError as error:
         raise SpecbenchError(
@@ -301,7 +309,7 @@ def generation_from_answer(
             "seconds": 0.0,  # inside the target's engine seconds
         }
     record = {
-        "engine": "vllm",
+        "engine": engine,
         "version": started.get("version"),
         "settings": settings,
         "speculative_config": spec,
@@ -310,7 +318,7 @@ def generation_from_answer(
         "tpot": (answer["walltime"] - ttft) / max(len(tokens) - 1, 1) if tokens else math.nan,
         "itl": itl,
         "tokens": {k: v for k, v in grown.items() if k in ("vllm:prompt_tokens", "vllm:generation_tokens")},
-        **engine_figures(counters, "vllm"),
+        **engine_figures(counters, engine),
     }
     stopped = answer.get("finish_reason") == "stop" and bool(tokens)
     return Generation(tokens, answer["walltime"], ttft, steps, forwards, stopped, engine_record=record)
@@ -382,4 +390,5 @@ BACKEND = Backend(
     _available,
     _serve,
     load_counters=SPEC_COUNTERS,
+    load_body={"return_token_ids": True},
 )

@@ -15,6 +15,7 @@ import resource
 
 import pandas as pd
 import pytest
+import tiny_recipes
 import yaml
 from test_vllm_backend import _no_server_left, _recipe, stub_engine  # noqa: F401  (a fixture)
 from typer.testing import CliRunner
@@ -190,3 +191,29 @@ def test_a_full_disk_at_the_start_of_a_sweep_is_one_line(stub_engine, monkeypatc
     )
     assert "free space" in message and _no_server_left(tmp_path)
     assert [p.name for p in (tmp_path / "load").iterdir()] == []  # no temporary file left
+
+
+URL = "http://127.0.0.1:8000/v1"
+THEIR_NGRAM = tiny_recipes.speculative("lookup", 4, name="theirs-ngram", target="served")
+
+
+@pytest.mark.parametrize(
+    ("options", "methods", "where", "says"),
+    [
+        ({}, [], "engine_options.base_url", "needs the server's address"),
+        ({"base_url": "ftp://127.0.0.1/v1"}, [], "engine_options.base_url", "is not an http(s) URL"),
+        ({"base_url": "http://127.0.0.1:99999/v1"}, [], "engine_options.base_url", "has no valid port"),
+        ({"base_url": "http://me:pw@127.0.0.1/v1"}, [], "engine_options.base_url", "holds credentials"),
+        ({"base_url": URL, "api_key_env": "sk-123"}, [], "engine_options.api_key_env", "never holds the key"),
+        ({"base_url": URL, "settle_s": 0.0}, [], "engine_options.settle_s", "takes no option"),
+        ({"base_url": URL}, [THEIR_NGRAM], "methods", "cannot set its speculation"),
+    ],
+)
+def test_a_server_specbench_does_not_start_is_named_in_one_line(stub_engine, options, methods, where, says):  # noqa: F811
+    tmp_path = stub_engine
+    recipe = _recipe(tmp_path, **{"models.served.engine": "openai", "models.served.engine_options": options})
+    recipe["methods"] = recipe["methods"][:3] + methods  # an AR cell on the server, and the case's
+    with pytest.raises(SpecbenchError) as error:
+        parse_recipe(recipe, tmp_path / "r.yaml")
+    message = str(error.value)
+    assert where in message and says in message and "fix:" in message and "\n" not in message, message

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from specbench.methods import BASELINE
+from specbench.pipeline.analysis.load_equivalence import pooled as pooled_equivalence
 from specbench.pipeline.analysis.statistics import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, percentiles
 
 LATENCIES = ("ttft", "tpot", "e2e")
@@ -266,7 +267,8 @@ def level_summary(
     its 95% interval and the speedups over ``reference[cell]`` (the same engine's AR cell) with their
     paired intervals, from ``requests`` (row key -> its requests). A level with a row from before
     load_requests.jsonl existed keeps the mean of its rows' figures, without intervals; rows marked
-    incomplete are counted, not pooled."""
+    incomplete are counted, not pooled. The outputs' equivalence counts are summed over the repeats
+    (:mod:`specbench.pipeline.analysis.load_equivalence`)."""
     from specbench.engines.load import level_of
 
     groups: dict[tuple, list[dict]] = {}
@@ -302,6 +304,8 @@ def level_summary(
         )
         for count in ("requests", "completed", "errors", "timeouts"):
             summary[count] = int(sum(r.get(count, 0) or 0 for r in done))
+        summary.update(pooled_equivalence(done))
+        summary["server_figures"] = members[0].get("server_figures")
         drafts, accepted = (sum(float(r.get(c) or 0) for r in done) for c in ("drafts", "accepted"))
         summary.update(drafts=drafts, accepted=accepted)
         summary.update(acceptance(sum(float(r.get("output_tokens") or 0) for r in done), drafts, accepted))

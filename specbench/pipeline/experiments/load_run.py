@@ -11,6 +11,13 @@ of a server start inside the repeats' spread. (Keeping every cell's server up to
 level would hold two engines' memory at once, which a GPU server sized by ``gpu_memory_utilization``
 cannot.)
 
+At temperature 0, before the first round, each target's outputs alone are measured as the reference
+of the outputs under load (:mod:`specbench.pipeline.experiments.load_reference`), and every level's
+outputs are classified against it and against specbench's AR where a run holds it
+(:mod:`specbench.pipeline.analysis.load_equivalence`). A model with ``engine: openai`` is a server
+specbench did not start: each round attaches to it instead
+(:mod:`specbench.pipeline.experiments.load_servers`).
+
 Each level's requests are appended to ``DIR/load_requests.jsonl`` and its row written to
 ``DIR/load.csv`` as soon as it ends, so an interrupted sweep resumes where it stopped; a server that
 dies during a level leaves that row marked incomplete, and ``--resume`` measures it again. At the end
@@ -21,13 +28,7 @@ dies during a level leaves that row marked incomplete, and ``--resume`` measures
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
-import json
-import math
-import resource
-import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -37,10 +38,7 @@ from specbench.engines import BACKENDS, ENGINE_NAMES, EngineModel
 from specbench.engines.load import (
     LOAD_CSV,
     LOAD_SUMMARY,
-    SPEC_COUNTERS,
-    Server,
     append_requests,
-    free_port,
     level_of,
     prune_requests,
     read_load,
@@ -60,7 +58,18 @@ from specbench.engines.load_client import (
 from specbench.errors import SpecbenchError
 from specbench.methods import BASELINE
 from specbench.models.cache import write_atomic
+from specbench.pipeline.analysis import load_equivalence
 from specbench.pipeline.analysis.load_figures import speedups, summarize, sweep_summary
+from specbench.pipeline.experiments import load_servers
+from specbench.pipeline.experiments.load_reference import auditors, prompts_of, why_unchecked
+from specbench.pipeline.experiments.load_servers import Served, serve
+from specbench.pipeline.experiments.load_sizing import (
+    Plan,
+    check_open_files,
+    duration,
+    level_seconds,
+    size_line,
+)
 from specbench.pipeline.records.results import EXAMPLES, read_environment
 from specbench.pipeline.run.environment import now, write_environment
 from specbench.pipeline.run.measure import Measurer
@@ -68,9 +77,6 @@ from specbench.recipe import Cell, Recipe
 
 LOAD_SETTINGS = "load_settings"  # environment.json's record of the load: settings (less the levels)
 LEVEL_SETTINGS = {"concurrency", "request_rate", "repeats"}  # what a resume may grow
-
-# (repeat, cell, the levels of that round the cell still has to measure)
-Plan = list[tuple[int, Cell, list[Level]]]
 
 
 def engine_cells(recipe: Recipe) -> list[Cell]:
@@ -95,7 +101,11 @@ def rounds(cells: list[Cell], repeats: int) -> list[tuple[int, Cell]]:
     return [(r, cell) for r in range(repeats) for cell in (cells if r % 2 == 0 else cells[::-1])]
 
 
-def run_load(recipe: Recipe, out: Path, console: Console, resume: bool = False) -> Path:
+def run_load(
+    recipe: Recipe, out: Path, console: Console, resume: bool = False, reference: Path | None = None
+) -> Path:
+    """The sweep into ``out``; ``reference``: a ``specbench run`` directory of the recipe whose AR rows
+    check the outputs under load (default: ``out`` itself where a run shares it)."""
     if recipe.load is None:
         raise SpecbenchError(
             f"{recipe.path}: load",
@@ -115,6 +125,12 @@ def run_load(recipe: Recipe, out: Path, console: Console, resume: bool = False) 
     rows = read_load(out)
     if rows and not resume:
         raise SpecbenchError(str(out), "already holds a load sweep", "pass --resume, or choose another -o")
+    if reference is not None and not (Path(reference) / EXAMPLES).is_file():
+        raise SpecbenchError(
+            str(reference),
+            f"holds no {EXAMPLES}: not a specbench run directory",
+            "name the -o of a specbench run of this recipe, or leave --reference out",
+        )
     measurer = Measurer(recipe, console)
     _check_bound(recipe, out, rows, measurer)
     done = {row["key"] for row in rows if row["complete"]}
@@ -133,7 +149,7 @@ def run_load(recipe: Recipe, out: Path, console: Console, resume: bool = False) 
             write_summary(out)
         return out
     console.print(size_line(recipe, plan))
-    _check_open_files(recipe, plan)
+    check_open_files(recipe, plan)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -143,62 +159,53 @@ def run_load(recipe: Recipe, out: Path, console: Console, resume: bool = False) 
     session = now()
     _write_environment(out, recipe, measurer, session, ended=False)  # before the first server
     prune_requests(out, done)  # the lines of levels interrupted before their row, and of incomplete rows
-    prompts: dict[str, tuple] = {}
-    for repeat, cell, todo in plan:
+    cells, prompts = list({cell.id: cell for _, cell, _ in plan}.values()), {}
+    for cell in cells:  # every model loaded and checked before the first server starts
         measurer.check_cell(cell)
-        target: EngineModel = measurer.model(cell.target)
         if cell.target not in prompts:
-            prompts[cell.target] = _prompts(measurer, recipe, target)
-        with _serve(recipe, measurer, cell, target, repeat, console) as served:
+            prompts[cell.target] = prompts_of(measurer, recipe, measurer.model(cell.target))
+    if reference is None and (out / EXAMPLES).is_file():
+        reference = out
+    audit = auditors(recipe, measurer, out, cells, prompts, reference, console)
+    for repeat, cell, todo in plan:
+        target: EngineModel = measurer.model(cell.target)
+        spec = measurer.engine_spec(cell, target)
+        drafter = measurer.model(cell.drafter) if cell.drafter else None
+        where = f"{recipe.path}: models.{cell.target}.engine"
+        with serve(where, cell.id, target, spec, drafter, console) as served:
             server = served.server
-            send = Requests(server.port, target.directory, *prompts[cell.target], recipe.load.timeout_s)
+            if BACKENDS[target.engine].attach is None:
+                rounds_note = (
+                    f" (round {repeat + 1} of {recipe.load.repeats})" if recipe.load.repeats > 1 else ""
+                )
+                console.print(f"{cell.id}: server ready in {served.started:.0f} s{rounds_note}")
+            mine = prompts[cell.target]
+            send = Requests(
+                server.endpoint,
+                target.directory,
+                mine.ids,
+                mine.budget,
+                mine.stop,
+                recipe.load.timeout_s,
+                served.body | sampling(recipe),
+            )
             _warm_up(recipe, cell, send, todo, console)
             for level in todo:
-                row = _measure(recipe, measurer, out, served, send, (cell, level, repeat), console)
+                at = (cell, level, repeat)
+                row = _measure(recipe, measurer, out, served, send, at, audit.get(cell.target), console)
                 rows = [r for r in rows if r["key"] != row["key"]] + [row]
                 write_load(out, speedups(rows, _ar_cells(recipe), level_of))
                 if not row["complete"]:
+                    what, why, read = server.death()
                     raise SpecbenchError(
-                        f"{recipe.path}: models.{cell.target}.engine",
-                        f"the engine's server exited (code {server.process.returncode}) during {cell.id} "
-                        f"{_name(level, repeat, recipe)}: {server.last_error()}",
-                        f"its row is kept in {LOAD_CSV}, marked incomplete; read {server.log_path}, fix the "
-                        "cause and run again with --resume to measure it again",
+                        where,
+                        f"the engine's server {what} during {cell.id} {_name(level, repeat, recipe)}: {why}",
+                        f"its row is kept in {LOAD_CSV}, marked incomplete; {read}, fix the cause and run "
+                        "again with --resume to measure it again",
                     )
     _write_environment(out, recipe, measurer, session, ended=True)
     write_summary(out)
     return out
-
-
-@dataclass(frozen=True)
-class Served:
-    server: Server
-    started: float  # seconds until it answered
-    speculative_config: str  # the cell's settings as the engine took them (JSON)
-    counters: dict  # spec-decode counter -> the engine's metric name (Backend.load_counters, else vLLM's)
-
-
-@contextlib.contextmanager
-def _serve(recipe: Recipe, measurer: Measurer, cell: Cell, target, repeat: int, console: Console):
-    """The cell's server for one round: started, waited for, and always stopped."""
-    where = f"{recipe.path}: models.{cell.target}.engine"
-    backend = BACKENDS[target.engine]
-    if backend.serve is None:
-        raise SpecbenchError(where, "has no server", "drop load:")
-    spec = measurer.engine_spec(cell, target)
-    drafter = measurer.model(cell.drafter) if cell.drafter else None
-    port = free_port()
-    command, env = backend.serve(target, spec, drafter, port)
-    with Server(command, port, where, f"serve-{cell.target}", env) as server:
-        with console.status(f"starting {target.engine} serve for {cell.id} on port {port}"):
-            started = server.wait_ready(target.options.get("start_timeout_s", 1800.0))
-        repeats = recipe.load.repeats
-        console.print(
-            f"{cell.id}: server ready in {started:.0f} s"
-            + (f" (round {repeat + 1} of {repeats})" if repeats > 1 else "")
-        )
-        counters = backend.load_counters or SPEC_COUNTERS
-        yield Served(server, started, json.dumps(target.speculative_config(spec, drafter)), counters)
 
 
 def _warm_up(recipe: Recipe, cell: Cell, send: Requests, todo: list[Level], console: Console) -> None:
@@ -214,47 +221,37 @@ def _warm_up(recipe: Recipe, cell: Cell, send: Requests, todo: list[Level], cons
         return
     fastest = slowest = 0.0
     for level in todo:
-        low, high = _level_seconds(recipe, level, warm.e2e)
+        low, high = level_seconds(recipe, level, warm.e2e)
         fastest, slowest = fastest + low, slowest + high
     console.print(
         f"{cell.id}: warm-up request {warm.e2e:.2f} s; its {len(todo)} level(s) take about "
-        f"{_duration(fastest)} (requests side by side at one request's speed) to {_duration(slowest)} "
+        f"{duration(fastest)} (requests side by side at one request's speed) to {duration(slowest)} "
         "(one at a time)"
     )
 
 
-def _level_seconds(recipe: Recipe, level: Level, took: float) -> tuple[float, float]:
-    count = recipe.load.request_count(level.concurrency, level.rate)
-    if count is None:  # a closed-loop level of duration_s
-        return recipe.load.duration_s, recipe.load.duration_s + took
-    if level.kind == CLOSED_LOOP:
-        return math.ceil(count / level.concurrency) * took, count * took
-    return count / level.rate + took, max(count / level.rate, count * took)
-
-
-def _measure(recipe, measurer, out, served: Served, send: Requests, at: tuple, console: Console) -> dict:
+def _measure(
+    recipe, measurer, out, served: Served, send: Requests, at: tuple, audit, console: Console
+) -> dict:
     """One level of one round (``at``: cell, level, repeat): its requests appended to
-    load_requests.jsonl, and its load.csv row, marked incomplete when the server died during it."""
+    load_requests.jsonl (each with its outputs' classes against the references, ``audit``'s), and its
+    load.csv row, marked incomplete when the server died during it."""
     cell, level, repeat = at
     server = served.server
     load = recipe.load
     count = load.request_count(level.concurrency, level.rate)
     size = f"{count} requests" if count is not None else f"{load.duration_s:g} s"
     with console.status(f"{cell.id}: {_name(level, repeat, recipe)}, {size}"):
-        before = _counters(server, served.counters)
+        before = load_servers.counters(server, served.counters)
         if level.kind == CLOSED_LOOP:
             duration = load.duration_s if count is None else None
             run: LevelRun = asyncio.run(closed_loop(send, level.concurrency, count, duration))
         else:
             seed = arrival_seed(recipe.seed, level.rate, repeat)
             run = asyncio.run(open_loop(send, arrival_times(level.rate, count, load.burstiness, seed)))
-        after = _counters(server, served.counters)
-    # a server that stopped answering may be exiting: its sockets close a moment before it is reaped
-    died = not server.alive() or (after is None and _exits(server, EXIT_GRACE_S))
-    names = served.counters
-    grown = {name: math.nan for name in names}  # unknown where the server stopped answering
-    if before is not None and after is not None:  # a counter that went down: the engine restarted
-        grown = {n: after[m] - before[m] if after[m] >= before[m] else math.nan for n, m in names.items()}
+        after = load_servers.counters(server, served.counters)
+    died = load_servers.died(server, after)
+    grown, down = load_servers.grown(served, before, after)
     records = run.records()
     level_fields = {
         "cell": cell.id,
@@ -279,7 +276,12 @@ def _measure(recipe, measurer, out, served: Served, send: Requests, at: tuple, c
         engine_version=None if died else server.version(),
         speculative_config=served.speculative_config,
         server_start_s=served.started,
+        server_figures=served.figures,
+        server_verify_steps=grown.get("verify_steps"),
+        token_ids=sum(1 for r in records if r["output_ids"] is not None),
     )
+    why = why_unchecked(recipe) or (None if audit else "not checked: no reference")
+    row.update(load_equivalence.unchecked(why) if why else {**audit.audit(records), "eq_note": None})
     meta = {"cell": cell.id, "level": level.label(), "repeat": repeat}
     append_requests(out, key, [{**meta, **record} for record in records])
     timeouts = f", {row['timeouts']} timed out" if row["timeouts"] else ""
@@ -290,28 +292,30 @@ def _measure(recipe, measurer, out, served: Served, send: Requests, at: tuple, c
     warning = failed_level(row, records, _name(level, repeat, recipe))
     if warning:
         console.print(f"[yellow]warning: {escape(warning)}[/yellow]")
+    if down:
+        console.print(
+            f"[yellow]warning: {escape(cell.id)} {_name(level, repeat, recipe)}: the server's counter "
+            f"{escape(down[0])} went down during the level (a restarted server, or another replica "
+            "answered): its drafts and acceptance are unknown (NaN), the rest of the row stands[/yellow]"
+        )
+    completed = [r for r in records if r["error"] is None]
+    if completed and not any(r["ids_sent"] for r in completed) and not why:
+        console.print(
+            f"{cell.id}: the server returned no token ids: tokens counted from its usage, outputs not checked"
+        )
+    flag = load_equivalence.flag(row, f"{cell.id} {_name(level, repeat, recipe)}")
+    if flag:
+        console.print(f"[red]{escape(flag)}[/red]")
     return row
 
 
-EXIT_GRACE_S = 10.0
-
-
-def _exits(server: Server, grace: float) -> bool:
-    """Whether the server's process exits within ``grace`` seconds."""
-    try:
-        server.process.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        return False
-    return True
-
-
-def _counters(server: Server, names: dict) -> dict[str, float] | None:
-    """The server's spec-decode counters (``names``: counter -> metric), None where it no longer answers."""
-    try:
-        counters = server.counters()
-    except (OSError, ValueError):
-        return None
-    return {metric: counters.get(metric, 0.0) for metric in names.values()}
+def sampling(recipe: Recipe) -> dict:
+    """The recipe's sampling in the OpenAI body where it is not greedy (the body asks temperature 0)."""
+    generation = recipe.generation
+    if generation.temperature == 0:
+        return {}
+    top_k = {"top_k": generation.top_k} if generation.top_k else {}
+    return {"temperature": generation.temperature, "top_p": generation.top_p, **top_k}
 
 
 def _name(level: Level, repeat: int, recipe: Recipe) -> str:
@@ -416,84 +420,8 @@ def _check_levels_free(out: Path, rows: list[dict], plan: Plan, key) -> None:
                 )
 
 
-def _budget(recipe: Recipe) -> int:
-    """The most new tokens a request may ask for: the largest of the datasets' output budgets."""
-    default = recipe.generation.max_new_tokens
-    return max(dataset.max_new_tokens or default for dataset in recipe.datasets)
-
-
-def size_line(recipe: Recipe, plan: Plan) -> str:
-    """What a sweep will do, before it starts a server: levels, requests, tokens, server starts."""
-    load = recipe.load
-    todo = [level for _, _, levels_left in plan for level in levels_left]
-    kinds = []
-    for kind, name, unit in ((CLOSED_LOOP, "concurrency", ""), (OPEN_LOOP, "rate", " req/s")):
-        values = sorted({level.value for level in todo if level.kind == kind})
-        if values:
-            kinds.append(f"{name} {', '.join(f'{v:g}' for v in values)}{unit}")
-    counts = [load.request_count(level.concurrency, level.rate) for level in todo]
-    requests = sum(c for c in counts if c is not None)
-    timed = sum(1 for c in counts if c is None)
-    budget = _budget(recipe)
-    repeats = f" over {load.repeats} repeats" if load.repeats > 1 else ""
-    timed_part = f" and {timed} level(s) of {load.duration_s:g} s" if timed else ""
-    return (
-        f"load: {len({cell.id for _, cell, _ in plan})} cell(s), {len(todo)} level(s) ({'; '.join(kinds)})"
-        f"{repeats}: {requests:,} requests of up to {budget:,} new tokens ({requests * budget:,} tokens at "
-        f"most){timed_part}, {len(plan)} server start(s)"
-    )
-
-
-# files this process holds besides a level's connections (Python, torch, the server's log)
-FILES_BESIDE = 64
-
-
-def _check_open_files(recipe: Recipe, plan: Plan) -> None:
-    """Every request in flight holds a connection, an open file: a closed-loop level (or the warm-up)
-    past the process's limit would measure failed connections, not the server."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    widest = max(
-        [recipe.load.warmup_requests]
-        + [level.concurrency for _, _, todo in plan for level in todo if level.kind == CLOSED_LOOP]
-    )
-    if soft == resource.RLIM_INFINITY or widest + FILES_BESIDE <= soft:
-        return
-    raise SpecbenchError(
-        f"{recipe.path}: load.concurrency",
-        f"{widest} requests at a time need {widest} connections; this process may open {soft} files "
-        "(ulimit -n), some already in use",
-        f"raise the limit first (ulimit -n {widest + FILES_BESIDE}), or keep concurrency at most "
-        f"{max(soft - FILES_BESIDE, 1)}",
-    )
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 def _ar_cells(recipe: Recipe) -> dict[str, str]:
     """Engine cell -> the engine AR cell of the same target (its load baseline)."""
     cells = engine_cells(recipe)
     ar = {c.target: c.id for c in cells if c.method == BASELINE}
     return {c.id: ar.get(c.target, "") for c in cells}
-
-
-def _prompts(measurer: Measurer, recipe: Recipe, target) -> tuple[list[list[int]], int, list[int]]:
-    """Every dataset's prompts as token ids, the output budget (the largest), and the stop ids."""
-    prompts, budget = [], 0
-    for dataset in _datasets(recipe, measurer):
-        for example in dataset.examples:
-            request = measurer._request(target, dataset, example)
-            prompts.append(request.prompt_ids.tolist())
-            budget = max(budget, request.max_new_tokens)
-    return prompts, budget, target.eos_token_ids()
-
-
-def _datasets(recipe: Recipe, measurer: Measurer):
-    from specbench.pipeline.run.datasets import load_datasets
-
-    return load_datasets(recipe, None, measurer._blame)

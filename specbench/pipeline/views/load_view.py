@@ -1,5 +1,7 @@
-"""How a load sweep is shown: the table ``specbench load`` prints (every figure with its 95% interval)
-and ``load.png`` (speculation's speedup over the same engine's AR by level, with intervals)."""
+"""How a load sweep is shown: the table ``specbench load`` prints (every figure with its 95% interval,
+and the outputs under load against the engine's batch-1 AR and specbench's AR, as the lossless column of
+a run counts them), the ``!`` lines under it where outputs differ beyond a numerical tie, and
+``load.png`` (speculation's speedup over the same engine's AR by level, with intervals)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from rich.table import Table
 
 from specbench.errors import SpecbenchError
 from specbench.methods import BASELINE
+from specbench.pipeline.analysis.load_equivalence import REFERENCES, column, flag
+from specbench.pipeline.views.report import format_lossless
 
 
 def _interval(row: dict, name: str, fmt: str) -> str:
@@ -37,7 +41,8 @@ def load_table(summary: list[dict], title: str) -> Table:
         ("e2e_p99_s", "e2e p99", "{:.2f}"),
         ("goodput_req_s", "goodput/s", "{:.2f}"),
     ]
-    for header in ("cell", "level", "reps", *(h for _, h, _ in columns), "tok/step", "vLLM AL", "err"):
+    headers = ("tok/step", "vLLM AL", "= engine AR", "= ours", "err")
+    for header in ("cell", "level", "reps", *(h for _, h, _ in columns), *headers):
         table.add_column(header, justify="right")
     for row in sorted(summary, key=_order):
         errors = f"{row['errors']}" + (f" ({row['timeouts']} timed out)" if row.get("timeouts") else "")
@@ -50,9 +55,36 @@ def load_table(summary: list[dict], title: str) -> Table:
             *(_interval(row, name, fmt) for name, _, fmt in columns),
             _interval(row, "tokens_per_step_est", "{:.2f}"),
             _interval(row, "vllm_mean_acceptance_length", "{:.2f}"),
+            *(equivalence(row, kind) for kind in REFERENCES),
             errors,
         )
     return table
+
+
+def equivalence(row: dict, kind: str) -> str:
+    """``30/32 (2 ties)``: outputs under load identical to the ``kind`` reference of those checked, and
+    the divergences by class; ``not checked`` where none was (temperature > 0, no reference, no ids)."""
+    checked = row.get(column(kind, "checked"))
+    if not isinstance(checked, int | float) or math.isnan(checked) or not checked:
+        return "not checked"
+    text = format_lossless(
+        {
+            "lossless_checked": checked,
+            "lossless_identical": row.get(column(kind, "identical")),
+            "lossless_ties": row.get(column(kind, "ties")),
+            "lossless_mismatches": row.get(column(kind, "mismatches")),
+        }
+    )
+    unclassified = row.get(column(kind, "unclassified"))
+    if isinstance(unclassified, int | float) and unclassified > 0:
+        text += f" ({int(unclassified)} unclassified)"
+    return text
+
+
+def equivalence_flags(summary: list[dict]) -> list[str]:
+    """The ``!`` line of every level whose outputs under load differ from a reference beyond a tie."""
+    lines = [flag(row, f"{row['cell']} {row['level']}") for row in sorted(summary, key=_order)]
+    return [line for line in lines if line]
 
 
 def _order(row: dict) -> tuple:
