@@ -27,6 +27,7 @@ from specbench.pipeline.views.notes import (
     engines_note,
     has_engines,
     loaded_note,
+    sampling_note,
 )
 
 FORMATS = ("table", "csv", "markdown", "latex")
@@ -229,7 +230,8 @@ def report_parts(results: Path) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
         "to the other half of the examples (specbench predict RUN shows its error)." + _bootstrap_note(cells)
     )
     lines = [measured_on(directory) for directory in run_directories(results)]
-    lines += [line for line in (loaded_note(cells), disturbed_note(cells), engines_note(cells), note) if line]
+    notes = (loaded_note(cells), disturbed_note(cells), engines_note(cells), sampling_note(cells), note)
+    lines += [line for line in notes if line]
     return cells, frame, lines
 
 
