@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specbench.decoding import verification_rules
+
 
 @dataclass
 class Generation:
@@ -20,7 +22,8 @@ class Generation:
     small one's (a speculative cascade's rejections, a sequential cascade's deferred tokens); None
     for methods that never defer. ``expected_rejections`` (speculative cascades): the sum over
     reviewed drafts of their chance of rejection, D_TV(π, q) (Narasimhan et al., Lemma 5), beside
-    the rejections that happened.
+    the rejections that happened. ``rule_acceptance`` (sampled speculative decoding): what each engine's
+    verification rule would accept of the same drafts (:mod:`specbench.decoding.verification_rules`).
     """
 
     tokens: list[int]
@@ -35,6 +38,7 @@ class Generation:
     # a serving engine's own record of the request (specbench.engines): version, settings, its
     # acceptance figures under its own names, inter-token latencies; None for specbench's loops
     engine_record: dict | None = None
+    rule_acceptance: dict | None = None
 
     @property
     def accepted_per_step(self) -> float:
@@ -70,6 +74,7 @@ class Generation:
                 inner.setdefault(name, []).extend(steps)
         deferrals = [t.deferrals for t in turns if t.deferrals is not None]
         expected = [t.expected_rejections for t in turns if t.expected_rejections is not None]
+        rules = verification_rules.merged([t.rule_acceptance for t in turns if t.rule_acceptance])
         return cls(
             tokens=[token for turn in turns for token in turn.tokens],
             walltime=sum(turn.walltime for turn in turns),
@@ -80,6 +85,7 @@ class Generation:
             inner_steps=inner,
             deferrals=sum(deferrals) if deferrals else None,
             expected_rejections=sum(expected) if expected else None,
+            rule_acceptance=rules,
         )
 
     def accepted_by_position(self) -> list[tuple[int, int]]:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from specbench.decoding import theory
+from specbench.decoding import theory, verification_rules
 from specbench.decoding.acceptance import AcceptanceRule, exact_rule, lenience_factor
 from specbench.decoding.generation import Generation, Stopwatch, commit, eos_set, truncate_at_eos
+from specbench.decoding.verification_rules import RuleTally
 from specbench.methods import DRAFT_LENGTH, SPECULATIVE_PASSES, Method, ParamSpec, Request
 from specbench.models.base import Drafter, LanguageModel, ModelDrafter
 from specbench.models.hf import HFModel
@@ -35,10 +36,13 @@ def generate(
 
     A custom ``rule`` receives probabilities p (``sampling.probs`` of the target's logits); the
     default strict greedy rule receives raw logits, so its argmax is exactly autoregressive greedy's.
+    Sampled with the exact rule, the generation also records what the engines' verification rules
+    would accept of the same drafts (:mod:`specbench.decoding.verification_rules`).
     """
     if k < 1:
         raise ValueError(f"draft length k must be >= 1, got {k}")
     raw_logits = rule is None and sampling.greedy and lenience == 1.0
+    exact_sampled = rule is None and not sampling.greedy and lenience == 1.0
     rule = rule or exact_rule(sampling.greedy, lenience)
     eos = eos_set(eos_token_id)
     target.counter.reset()
@@ -48,6 +52,7 @@ def generate(
     drafter.start(prompt_ids)
 
     out = torch.empty(max_new_tokens + k + 1, dtype=torch.long, device=target.device)
+    tally = RuleTally(k, target.device) if exact_sampled else None
     tokens: list[int] = []
     steps: list[tuple[int, int]] = []
     generated = 0
@@ -60,6 +65,8 @@ def generate(
         out[generated : generated + d] = draft_tokens
         logits = target.score(out[: generated + d], d).logits
         p = logits if raw_logits else sampling.probs(logits)
+        if tally is not None:
+            tally.add(draft_tokens, q, p)
         verdict = rule(draft_tokens, q, p, generator)
 
         n, new = commit(verdict, draft_tokens, out, generated)
@@ -72,7 +79,8 @@ def generate(
         watch.mark_first_token()
     walltime, ttft = watch.stop()
     forwards = {target.name: target.counter.snapshot(), drafter.name: drafter.counter.snapshot()}
-    return Generation(tokens, walltime, ttft, steps, forwards, stopped)
+    rules = tally.record() if tally is not None else None
+    return Generation(tokens, walltime, ttft, steps, forwards, stopped, rule_acceptance=rules)
 
 
 def _check_lenience(params: dict, spec, generation) -> tuple[str, str, str] | None:
@@ -120,5 +128,6 @@ METHODS = (
         lossless=lambda params: params.get("lenience", 1.0) == 1.0,
         plan=SPECULATIVE_PASSES,
         theory=theory.of_speculative,
+        cell_metrics=verification_rules.cell_metrics,
     ),
 )

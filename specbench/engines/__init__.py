@@ -83,6 +83,9 @@ class EngineModel:
     device: Any
     num_parameters: int
     is_encoder_decoder = False
+    # specbench's own copy of the target (an HF module) where engine_options.audit_sampling keeps it:
+    # sampled outputs are re-scored with it (specbench.engines.sampling_audit)
+    reference = None
 
     def eos_token_ids(self) -> list[int]:
         eos = self.tokenizer.eos_token_id

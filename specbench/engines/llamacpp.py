@@ -72,6 +72,9 @@ OPTIONS = {
     "parallel": ParamSpec(int, None, f"server slots (--parallel): 1 for run, {LOAD_SLOTS} under load", 1),
     "start_timeout_s": ParamSpec(float, 600.0, "seconds a server may take to load its GGUF and answer", 1),
     "request_timeout_s": ParamSpec(float, 3600.0, "seconds one request may take before it is abandoned", 1),
+    "audit_sampling": ParamSpec(
+        bool, False, "at T > 0, re-score each output with specbench's copy of the target (a PIT test)"
+    ),
     "max_servers": ParamSpec(
         int, 4, "servers kept running at once, one per speculative setting (least recently used stopped)", 1
     ),
@@ -442,6 +445,7 @@ def _open(request, served) -> LlamaCppTarget:
         f"llama.cpp computes in the GGUF's types ({facts.file_type}); {served.dtype} is specbench's copy, "
         f"loaded for the tokenizer ({served.dtype_reason})"
     )
+    target.reference = module if options.get("audit_sampling") else None
     return target
 
 

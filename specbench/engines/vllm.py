@@ -72,6 +72,9 @@ OPTIONS = {
     "settle_s": ParamSpec(
         float, 1.2, "seconds left after each request for vLLM's busy-polling to stop (not timed)", 0, 60
     ),
+    "audit_sampling": ParamSpec(
+        bool, False, "at T > 0, re-score each output with specbench's copy of the target (a PIT test)"
+    ),
     "max_engines": ParamSpec(
         int, None, "engines kept running at once, one per speculative setting (default 4 on CPU, 1 on GPU)", 1
     ),
@@ -346,6 +349,7 @@ def _open(request, served) -> VLLMTarget:
         request.name, directory, served.weights.tokenizer, served.dtype, served.device, options, params
     )
     target.dtype_reason = served.dtype_reason
+    target.reference = module if options.get("audit_sampling") else None
     return target
 
 

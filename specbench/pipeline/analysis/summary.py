@@ -16,13 +16,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from specbench.decoding import theory
+from specbench.decoding import theory, verification_rules
 from specbench.decoding.steps import (
     acceptance_rates,
     accepted_histogram,
     mean_accepted_per_step,
     position_counts,
 )
+from specbench.engines import sampling_audit
 from specbench.methods import BASELINE, METHODS
 from specbench.models import memory_pressure
 from specbench.models.costs import swi, weighted_passes
@@ -139,7 +140,8 @@ def summarise_cell(rows: list[dict]) -> dict:
 def _engine_figures(rows: list[dict]) -> dict:
     """A serving engine's cell: its name and version, its own acceptance length over its counters
     (vLLM: 1 + accepted / drafts, over the steps that drafted only), the share of target passes that
-    drafted, and the mean time per output token after the first (TPOT)."""
+    drafted, the rule it verifies sampled drafts by, the mean time per output token after the first
+    (TPOT), and where its sampled outputs were re-scored, their uniformity test."""
     records = [r["engine_record"] for r in rows if r.get("engine_record")]
     if not records:
         return {}
@@ -152,7 +154,9 @@ def _engine_figures(rows: list[dict]) -> dict:
         "engine_acceptance_length": 1 + accepted / drafts if drafts else math.nan,
         "engine_drafting_share": drafts / passes if passes else math.nan,
         "engine_rejection": records[0].get("rejection_sample_method") or "",
+        "engine_rule": verification_rules.engine_rule(records[0]) or "",
         "tpot_mean_s": _mean([r.get("tpot", math.nan) for r in records]),
+        **sampling_audit.cell_check(records),  # sampled cells re-scored with our copy of the target
     }
 
 

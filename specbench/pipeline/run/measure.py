@@ -33,7 +33,7 @@ from rich.console import Console
 
 from specbench import sources
 from specbench.decoding.generation import Generation, first_difference
-from specbench.engines import BACKENDS, ENGINE_NAMES, EngineModel
+from specbench.engines import BACKENDS, ENGINE_NAMES, EngineModel, sampling_audit
 from specbench.errors import SpecbenchError
 from specbench.methods import METHODS, Request
 from specbench.models import memory_pressure
@@ -376,7 +376,13 @@ class Measurer(RowKeys):
         if not isinstance(target, EngineModel):
             return METHODS[cell.method].run
         spec = self.engine_spec(cell, target)
-        return lambda params, target, drafter, request: target.generate(request, spec, drafter)
+
+        def run(params, target, drafter, request):
+            generation = target.generate(request, spec, drafter)
+            sampling_audit.attach(generation, target.reference, request)  # untimed, T > 0 only
+            return generation
+
+        return run
 
     def engine_spec(self, cell: Cell, target: EngineModel) -> dict | None:
         """The engine's speculative settings for ``cell`` (its backend's mapping; the recipe was checked

@@ -1,13 +1,16 @@
 """The lines under a report's tables that qualify its numbers: cells measured while other processes
 took the CPU (``loaded_note``), rows that memory or something outside the loop disturbed
-(``disturbed_note``), and why a serving engine's acceptance differs from ours (``engines_note``)."""
+(``disturbed_note``), why a serving engine's acceptance differs from ours (``engines_note``), and
+whether its sampled outputs follow the target's distribution (``sampling_note``)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pandas as pd
 
+from specbench.decoding.verification_rules import RULES
 from specbench.models.machine import LOADED
 from specbench.models.memory_pressure import DISTURBING_MB
 
@@ -46,6 +49,8 @@ def engines_note(cells: pd.DataFrame) -> str:
             gap = r["acceptance_length"] / other["acceptance_length"] - 1
             ours = f"{other['acceptance_length']:.2f} ({gap:+.1%})"
             line += f"; {other['cell']} (ours, same drafter and k): {ours}"
+            if other.get("run") == r.get("run"):  # one run: one temperature, the same prompts
+                line += _rules_alone(other, r.get("engine_rule") or "", gap)
         parted = int(r.get("lossless_checked", 0)) - int(r.get("lossless_identical", 0))
         if parted:
             line += (
@@ -63,6 +68,69 @@ def engines_note(cells: pd.DataFrame) -> str:
         "Against our cell: both count the prefill as a target pass, but our loops also verify a first draft "
         "inside it, while the engines (vLLM, llama.cpp) draft from their second pass on, so wherever that "
         "first draft is accepted the engine needs one pass more."
+    )
+
+
+def _number(value) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(number) else number
+
+
+def _rules_alone(ours: dict, rule: str, gap: float) -> str:
+    """What each verification rule alone would give on our sampled cell's drafts (tokens per target
+    pass, decoding.verification_rules), and how much of the engine's gap its own rule explains."""
+    alone = {name: _number(ours.get(f"rule_{name}_tokens_per_step")) for name in RULES}
+    if any(value is None for value in alone.values()):
+        return ""  # greedy cells, and cells from before the rules were recorded
+    text = (
+        f"; on its drafts the rules alone give p/q {alone['pq']:.2f}, one-hot {alone['one_hot']:.2f}, "
+        f"sample-match {alone['sample_match']:.2f} tokens per pass"
+    )
+    if rule not in alone:
+        return text
+    predicted = alone[rule] / alone["pq"] - 1
+    text += f", so the engine's rule ({rule}) alone predicts {predicted:+.1%} of the measured {gap:+.1%}"
+    greedy, sampled = _number(ours.get("rule_first_greedy")), None
+    rates = ours.get(f"rule_{rule}_by_position")
+    if isinstance(rates, str) and rates.startswith("["):
+        sampled = _number(json.loads(rates)[0])
+    if rule != "pq" and greedy is not None and sampled is not None:
+        text += (
+            f"; its drafts are the drafter's argmax, which its rule accepts at the first position "
+            f"{greedy:.2f} of the time against {sampled:.2f} for our sampled drafts"
+        )
+    return text
+
+
+def sampling_note(cells: pd.DataFrame) -> str:
+    """The line under a report whose engine cells were sampled and re-scored with the target
+    (engines.sampling_audit): each cell's KS test of its PIT values, and a flag where it rejects."""
+    if "sampling_pit_tokens" not in cells.columns:
+        return ""
+    parts, flagged = [], 0
+    for r in cells[cells["sampling_pit_tokens"].notna()].to_dict("records"):
+        p_value = _number(r.get("sampling_pit_p"))
+        if p_value is None:
+            tokens = int(r["sampling_pit_tokens"])
+            parts.append(f"{r['dataset']} {r['cell']}: {tokens} tokens, too few to test")
+            continue
+        bad = bool(r.get("sampling_flagged"))
+        flagged += bad
+        parts.append(
+            f"{'FLAGGED ' if bad else ''}{r['dataset']} {r['cell']}: KS D = {r['sampling_pit_ks']:.3f}, "
+            f"p = {p_value:.2g} over {int(r['sampling_pit_tokens'])} tokens"
+        )
+    if not parts:
+        return ""
+    level = _number(cells["sampling_pit_level"].dropna().iloc[0]) if "sampling_pit_level" in cells else None
+    return (
+        f"{'! ' if flagged else ''}engines' sampled outputs against the target's distribution (randomized "
+        f"PIT, uniform under exact sampling; flagged at p < {level:g}): " + " | ".join(parts) + ". The "
+        "target is specbench's own copy: an engine on quantized weights differs from it by its quantization "
+        "too."
     )
 
 

@@ -28,6 +28,7 @@ from specbench.pipeline.views.notes import (
     engines_note,
     has_engines,
     loaded_note,
+    sampling_note,
 )
 
 FORMATS = ("table", "csv", "markdown", "latex")
@@ -232,7 +233,7 @@ def report_parts(results: Path) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
     directories = run_directories(results)
     lines = [measured_on(directory) for directory in directories]
     notes = (loaded_note(cells), disturbed_note(cells), misconfigured_note(cells, directories))
-    notes += (head_mismatch_note(directories), engines_note(cells), note)
+    notes += (head_mismatch_note(directories), engines_note(cells), sampling_note(cells), note)
     lines += [line for line in notes if line]
     return cells, frame, lines
 
