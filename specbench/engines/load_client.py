@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specbench.engines.request_counts import request_counts
+
 CLOSED_LOOP, OPEN_LOOP = "concurrency", "rate"
 
 
@@ -71,6 +73,7 @@ class Result:
     timed_out: bool = False
     index: int = 0  # the request's place in its level (it sent prompt ``index`` taken in turn)
     arrival: float | None = None  # its scheduled arrival, seconds from the level's start (open-loop)
+    spec: dict | None = None  # its own speculative counts, where the server sends them (request_counts)
 
     @property
     def e2e(self) -> float:
@@ -170,6 +173,7 @@ def _event(event: bytes, result: Result) -> None:
             return
         message = json.loads(data)
         now = time.perf_counter() - result.started
+        result.spec = request_counts(message) or result.spec
         if message.get("choices"):
             if result.first is None:
                 result.first = now
@@ -252,7 +256,8 @@ async def open_loop(send: Requests, arrivals: list[float]) -> LevelRun:
 def request_record(result: Result, level_start: float) -> dict:
     """One request as load_requests.jsonl keeps it, failed or not: its place in the level (its prompt,
     taken in turn), its scheduled arrival and its send (seconds from the level's start), its first
-    chunk and end (seconds from its send), the tokens the server counted, and its error."""
+    chunk and end (seconds from its send), the tokens the server counted, its error, and its own
+    speculative counts (None where the server sends none)."""
     return {
         "index": result.index,
         "arrival_s": result.arrival,
@@ -262,4 +267,5 @@ def request_record(result: Result, level_start: float) -> dict:
         "tokens": result.tokens,
         "error": result.error if result.first is not None or result.error else "no answer",
         "timed_out": result.timed_out,
+        "spec": result.spec,
     }
