@@ -169,7 +169,8 @@ def test_a_load_sweep_alone_gets_its_curves():
     load = pd.read_csv(LOAD / "load.csv", dtype={"key": str, "machine": str, "cell": str})
     drafting = load[load["method"] != "autoregressive"]
     marks = [m for m in Page(text).marks if m["data-series"] in set(drafting["cell"])]
-    assert len(marks) == 2 * len(drafting)  # throughput and per-request speed, one point per level
+    # throughput and per-request speed, one point per level, and the level's point on the Pareto chart
+    assert len(marks) == 3 * len(drafting)
     assert "Cells" not in json.loads(twin)["sections"]
 
 

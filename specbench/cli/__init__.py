@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from specbench.cli import bench, costs, heads, load, papers, plot, results, run, training
+from specbench.cli import bench, costs, heads, load, papers, plot, results, run, serving, training
 
 app = typer.Typer(
     help="Benchmark speculative-decoding algorithms and reproduce their papers' tables.",
@@ -31,6 +31,7 @@ app.command()(training.distill)
 app.command()(heads.export)
 app.command(cls=plot.PLOT_COMMAND)(plot.plot)
 app.command()(load.load)
+app.command(cls=serving.SERVING_COMMAND)(serving.serving)
 papers.add_theory(app)
 app.add_typer(training.bigram_app, name="bigram")
 papers.add_paper_groups(app)

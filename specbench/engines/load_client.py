@@ -33,6 +33,8 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from specbench.engines.request_counts import request_counts
+
 CLOSED_LOOP, OPEN_LOOP = "concurrency", "rate"
 
 
@@ -116,6 +118,7 @@ class Result:
     finish: str | None = None  # the server's finish_reason
     # (seconds from the send, token ids) of each chunk, kept only where asked (a run row's steps)
     trace: list[tuple[float, int]] | None = None
+    spec: dict | None = None  # its own speculative counts, where the server sends them (request_counts)
 
     @property
     def e2e(self) -> float:
@@ -231,6 +234,7 @@ def _event(event: bytes, result: Result) -> None:
         ids = chunk_ids(message)
         if ids is not None:
             result.ids = (result.ids or []) + ids
+        result.spec = request_counts(message) or result.spec
         if message.get("choices"):
             result.finish = message["choices"][0].get("finish_reason") or result.finish
             if result.first is None:
@@ -331,8 +335,9 @@ async def open_loop(send: Requests, arrivals: list[float]) -> LevelRun:
 def request_record(result: Result, level_start: float) -> dict:
     """One request as load_requests.jsonl keeps it, failed or not: its place in the level (its prompt,
     taken in turn), its scheduled arrival and its send (seconds from the level's start), its first
-    chunk and end (seconds from its send), the tokens the server counted, its error, and the output's
-    token ids (None where the server sent none, or fewer than it counted: a stream that held some back)."""
+    chunk and end (seconds from its send), the tokens the server counted, its error, its own
+    speculative counts (None where the server sends none), and the output's token ids (None where the
+    server sent none, or fewer than it counted: a stream that held some back)."""
     tokens = result.tokens if result.counted else len(result.ids or [])  # a server without usage: ids
     ids = result.ids if result.ids is not None and len(result.ids) == tokens else None
     return {
@@ -346,4 +351,5 @@ def request_record(result: Result, level_start: float) -> dict:
         "timed_out": result.timed_out,
         "output_ids": ids,
         "ids_sent": result.ids is not None,
+        "spec": result.spec,
     }

@@ -18,6 +18,7 @@ from specbench.decoding.steps import acceptance_rates, position_counts
 from specbench.errors import SpecbenchError
 from specbench.pipeline.records.results import read_examples, write_atomic
 from specbench.pipeline.views.load_view import write_load_plot
+from specbench.pipeline.views.serving_view import write_pareto_plot
 
 
 @dataclass(frozen=True)
@@ -129,5 +130,12 @@ FIGURES = (
         "speculation's speedup over the same engine's AR by load level, with 95% intervals, from "
         "`specbench load`'s load.csv",
         write_load_plot,
+    ),
+    Figure(
+        "pareto",
+        "tokens/s per user (1 / TPOT p50) against tokens/s per core (per GPU on a GPU box), one curve per "
+        "cell through its load levels, 95% intervals, the frontier marked, from `specbench load`'s sweep: "
+        "pareto.csv + pareto.png",
+        write_pareto_plot,
     ),
 )

@@ -348,28 +348,10 @@ def prediction_section(cells: pd.DataFrame) -> Section:
 
 
 def load_section(run_dir: Path) -> Section:
-    from specbench.engines.load import LOAD_CSV, read_load
+    """The load sweep's views (:mod:`specbench.pipeline.views.serving_page`)."""
+    from specbench.pipeline.views.serving_page import load_section as serving_section
 
-    rows = [r for r in read_load(run_dir) if r.get("method") != BASELINE]
-    if not rows:
-        return Section("Load", html.paragraph(f"no {LOAD_CSV} here (specbench load writes one)"), [])
-    figures = []
-    for column, what in (("speedup_throughput", "throughput"), ("speedup_per_request", "per-request speed")):
-        series = [
-            svg.Series(cell, sorted((r["concurrency"], r[column]) for r in rows if r["cell"] == cell))
-            for cell in sorted({r["cell"] for r in rows})
-        ]
-        figures.append(
-            svg.line_chart(
-                f"{what} over the same engine's AR",
-                series,
-                "concurrent requests",
-                f"{what} / AR",
-                reference=1.0,
-                log2_x=True,
-            )
-        )
-    return Section("Load", _figures(figures), rows)
+    return serving_section(run_dir)
 
 
 def _figures(figures: list[str]) -> str:

@@ -34,6 +34,8 @@ LEFT, RIGHT, TOP, BOTTOM = 62, 16, 30, 46
 class Series:
     label: str
     points: list[tuple[float, float]]  # (x, y); for bars x is the category's index
+    intervals: list[tuple[float, float]] | None = None  # (low, high) of each point's y: an error bar
+    dashed: bool = False  # drawn as a dashed line (an envelope, beside the measured curves)
 
 
 def color(index: int) -> str:
@@ -125,10 +127,11 @@ def _open(title: str) -> list[str]:
     ]
 
 
-def _point(x: float, y: float, label: str, shown_x, shown_y, fill: str) -> str:
+def _point(x: float, y: float, label: str, shown_x, shown_y, fill: str, ring: bool = False) -> str:
     tip = f"{escape(label)}: {shown_x}, {_fmt(shown_y)}"
     data = f'data-series="{escape(label)}" data-x="{shown_x!r}" data-y="{shown_y!r}"'
-    return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{fill}" {data}><title>{tip}</title></circle>'
+    paint = f'r="7" fill="none" stroke="{fill}"' if ring else f'r="3.5" fill="{fill}"'
+    return f'<circle cx="{x:.1f}" cy="{y:.1f}" {paint} {data}><title>{tip}</title></circle>'
 
 
 def _fmt(value: float) -> str:
@@ -143,10 +146,28 @@ def _finite(points) -> list[tuple[float, float]]:
     ]
 
 
+def _bars(series: Series) -> list[tuple[float, float, float]]:
+    """(x, low, high) of each point whose coordinates and interval are finite."""
+    if not series.intervals:
+        return []
+    return [
+        (x, low, high)
+        for (x, y), (low, high) in zip(series.points, series.intervals, strict=True)
+        if _finite([(x, y)]) and _finite([(low, high)])
+    ]
+
+
+ENVELOPE = "#333333"  # a dashed series' colour: apart from every measured one
+
+
+def _shade(index: int, series: Series) -> str:
+    return ENVELOPE if series.dashed else color(index)
+
+
 def legend(series: list[Series]) -> str:
     """The chart's key as an HTML list (it wraps with the page; an SVG key would not)."""
     items = "".join(
-        f'<li><span class="swatch" style="background:{color(i)}"></span>{escape(s.label)}</li>'
+        f'<li><span class="swatch" style="background:{_shade(i, s)}"></span>{escape(s.label)}</li>'
         for i, s in enumerate(series)
     )
     return f'<ul class="legend">{items}</ul>'
@@ -168,13 +189,16 @@ def line_chart(
     diagonal: bool = False,
     lines: bool = True,
 ) -> str:
-    """Each series as a polyline with its points marked (``lines=False``: points only, a scatter);
-    ``reference``: a grey horizontal line at that y (1.0: no speedup); ``diagonal``: the line y = x."""
-    drawn = [Series(s.label, _finite(s.points)) for s in series]
+    """Each series as a polyline with its points marked (``lines=False``: points only, a scatter) and
+    its error bars where it has intervals; ``reference``: a grey horizontal line at that y (1.0: no
+    speedup); ``diagonal``: the line y = x."""
+    bars = {s.label: _bars(s) for s in series}
+    drawn = [Series(s.label, _finite(s.points), dashed=s.dashed) for s in series]
     points = [p for s in drawn for p in s.points if not log2_x or p[0] > 0]
     if not points:
         return empty(title, "no finite values to draw")
     xs, ys = [p[0] for p in points], [p[1] for p in points]
+    ys += [end for s in drawn for x, low, high in bars[s.label] for end in (low, high) if not log2_x or x > 0]
     if reference is not None:
         ys.append(reference)
     if diagonal:
@@ -194,13 +218,21 @@ def line_chart(
             f'<line x1="{axes.px(a):.1f}" y1="{axes.py(a):.1f}" x2="{axes.px(b):.1f}" y2="{axes.py(b):.1f}" '
             'stroke="#666" stroke-dasharray="4 3"/>'
         )
-    for index, s in enumerate(drawn):
-        fill = color(index)
+    # an envelope first, under the measured curves it runs along; its points ringed, not filled
+    for index, s in sorted(enumerate(drawn), key=lambda pair: not pair[1].dashed):
+        fill = _shade(index, s)
         shown = [(x, y) for x, y in s.points if not log2_x or x > 0]
         if lines and len(shown) > 1:
             path = " ".join(f"{axes.px(x):.1f},{axes.py(y):.1f}" for x, y in shown)
-            out.append(f'<polyline points="{path}" fill="none" stroke="{fill}" stroke-width="1.6"/>')
-        out += [_point(axes.px(x), axes.py(y), s.label, x, y, fill) for x, y in shown]
+            dash = ' stroke-dasharray="5 3"' if s.dashed else ""
+            out.append(f'<polyline points="{path}" fill="none" stroke="{fill}" stroke-width="1.6"{dash}/>')
+        for x, low, high in bars[s.label]:
+            if not log2_x or x > 0:
+                out.append(
+                    f'<line x1="{axes.px(x):.1f}" x2="{axes.px(x):.1f}" y1="{axes.py(low):.1f}" '
+                    f'y2="{axes.py(high):.1f}" stroke="{fill}" data-interval="{escape(s.label)}"/>'
+                )
+        out += [_point(axes.px(x), axes.py(y), s.label, x, y, fill, s.dashed) for x, y in shown]
     out.append("</svg>")
     return "\n".join(out) + legend(series)
 
