@@ -30,6 +30,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from doc_cells import cell_names, may_be, named_around, names
+
 from specbench.pipeline.records.results import read_cells_csv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +44,11 @@ PAPERS = sorted((ROOT / "specbench" / "papers").glob("*/reference.yaml"))
 
 # A number and the few characters around it that say what it is.
 NUMBER = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?")
-INTERVAL_TAIL = re.compile(r"x?\s*\[\s*(\d+(?:\.\d+)?),\s*(\d+(?:\.\d+)?)\s*\]")
+# a paired difference's bounds carry signs (+0.046 [-0.150, +0.248]); a file's numbers are read unsigned
+INTERVAL_TAIL = re.compile(r"x?\s*\[\s*[+\-−]?(\d+(?:\.\d+)?),\s*[+\-−]?(\d+(?:\.\d+)?)\s*\]")
+# an interval written as its bounds (0.853-0.937, 0.101 to 0.264), where the words before say it is one
+RANGE_TAIL = re.compile(r"(?:-| to )(\d+\.\d+)(?![\d.]|x\b|\s*(?:ms|tok|%))")
+RANGE_HEAD = re.compile(r"(?:\binterval\b|\bCI\b|\bratio\b)[^().;]*$|against \d+(?:\.\d+)?,?\s*\(?$")
 # rows and passes counted; tokens only where the sentence says they were generated, committed or
 # accepted (elsewhere "N tokens" is a budget, a prompt's or a pass's size: settings, not results)
 COUNTED = re.compile(r"\s+(?:[a-z]+\s+)?(?:rows?|passes)\b")
@@ -91,7 +97,7 @@ class Quoted:
 
     text: str
     start: int
-    kind: str  # "decimal", "percent", "interval", "count"
+    kind: str  # "decimal", "percent", "interval" (x [a, b]), "range" (a-b: an interval's bounds), "count"
     bounds: tuple[str, str] | None = None
     unit: str = ""  # "x", "tokens/s" or "ms": which of a cell's columns it can be
 
@@ -167,7 +173,8 @@ def paragraphs_of(document: Path) -> list[Paragraph]:
     return out
 
 
-def quoted_numbers(text: str) -> list[Quoted]:
+@functools.lru_cache(maxsize=8192)
+def quoted_numbers(text: str) -> tuple[Quoted, ...]:
     """The results a paragraph quotes (see the module's docstring for what is left out, and why)."""
     out, inside, goals = [], -1, set()
     for match in NUMBER.finditer(text):
@@ -177,18 +184,21 @@ def quoted_numbers(text: str) -> list[Quoted]:
             goals.add(number)
         if start < inside or number in goals or _not_a_result(text, start, end, before, after):
             continue
-        interval = INTERVAL_TAIL.match(after)
+        interval, bounds = INTERVAL_TAIL.match(after), RANGE_TAIL.match(after)
         unit = next((name for name, (tail, head) in UNITS.items() if _says(tail, after, head, before)), "")
         if interval and "." in number:
             out.append(Quoted(number, start, "interval", (interval.group(1), interval.group(2)), unit))
             inside = end + interval.end()
+        elif bounds and "." in number and RANGE_HEAD.search(before):
+            out.append(Quoted(number, start, "range", (number, bounds.group(1))))
+            inside = end + bounds.end()
         elif re.match(r"\s?%", after):
             out.append(Quoted(number, start, "percent"))
         elif "." in number:
             out.append(Quoted(number, start, "decimal", unit=unit))
         elif COUNTED.match(after) or TOKENS.match(after) and PRODUCED.search(before):
             out.append(Quoted(number, start, "count"))
-    return out
+    return tuple(out)
 
 
 def _says(tail: str | None, after: str, head: str | None, before: str) -> bool:
@@ -221,8 +231,18 @@ class Record:
     values: tuple[float, ...]
     triples: tuple[tuple[float, float, float], ...]
     by_unit: tuple[tuple[str, tuple[float, ...]], ...] = ()  # a cell's values of each unit's columns
+    label: frozenset[str] = frozenset()  # the names that identify it (doc_cells.py)
+    # a report's values as rounded when written: the decimals each shows (none: machine precision)
+    decimals: tuple[int, ...] = ()
+    row: tuple[str, int] = ("", 0)  # the file and line a table row's columns share
+    # the intervals a report writes as bounds ("0.853-0.937", "0.101 to 0.264", "[1.57, 1.70]")
+    bounds: tuple[tuple[float, float], ...] = ()
 
-    def of_unit(self, unit: str) -> tuple[float, ...]:
+    def of_unit(self, unit: str, decimals: int = 0) -> tuple[float, ...]:
+        """Its values a number of ``unit`` written with ``decimals`` decimals can be: a value a report
+        wrote with fewer decimals cannot be quoted with more."""
+        if self.decimals:
+            return tuple(v for v, shown in zip(self.values, self.decimals, strict=True) if shown >= decimals)
         return dict(self.by_unit).get(unit, self.values)
 
 
@@ -255,21 +275,46 @@ def _is_text_result(path: Path) -> bool:
 def _textrecords_of(path: Path) -> tuple[Record, ...]:
     # a comma separates thousands in prose, fields in a CSV or JSON file
     number = r"\d+(?:\.\d+)?(?:e-?\d+)?"
-    number = number if path.suffix in (".csv", ".json") else r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|" + number
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        values = [_value(t) for t in re.findall(number, line)]
-        percents = tuple(_value(t) for t in re.findall(rf"({number})\s?%", line))
-        if values:
+    machine_written = path.suffix in (".csv", ".json")
+    number = number if machine_written else r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|" + number
+    out, header = [], None
+    for row, line in enumerate(path.read_text(errors="replace").splitlines()):
+        if re.match(r"\s*\|[\s:|-]+\|\s*$", line):
+            continue
+        parts = line.split("|") if line.lstrip().startswith("|") else None
+        if parts is None:
+            header = None
+        elif header is None:
+            header = parts
+        pieces = [line] if parts is None else parts[1:-1]
+        # a table row: one record per column, named by the row's words and the column's header
+        label = names(line)
+        for at, piece in enumerate(pieces):
+            tokens = re.findall(number, piece)
+            values = [_value(t) for t in tokens]
+            if not values:
+                continue
+            # a CSV or JSON writer keeps a float's precision (0.5 is 0.50); a report rounds what it writes
+            rounded = () if machine_written else tuple(_decimals(t) for t in tokens)
+            percents = tuple(_value(t) for t in re.findall(rf"({number})\s?%", piece))
+            heading = names(header[at + 1]) if parts is not None and at + 1 < len(header) else frozenset()
             triples = tuple(zip(values, values[1:], values[2:], strict=False))
-            out.append(Record(tuple(values), triples, (("%", percents),)))
+            bounds = tuple(
+                (_value(low), _value(high))
+                for low, high in re.findall(rf"\[?[+\-−]?({number})(?:-| to |, )[+\-−]?({number})\]?", piece)
+            )
+            record = Record(
+                tuple(values), triples, (("%", percents),), label | heading, rounded, (str(path), row), bounds
+            )
+            out.append(record)
     return tuple(out)
 
 
 def _cellrecords_of(run: Path) -> tuple[Record, ...]:
     out = []
     for cell in read_cells_csv(run / "cells.csv").to_dict("records"):
-        settings = set(json.loads(cell.get("params") or "{}")) | {"bootstrap_seed", "bootstrap_resamples"}
+        params = json.loads(cell.get("params") or "{}")
+        settings = set(params) | {"bootstrap_seed", "bootstrap_resamples"}
         numbers = {
             column: float(value)
             for column, value in cell.items()
@@ -296,7 +341,7 @@ def _cellrecords_of(run: Path) -> tuple[Record, ...]:
             if f"{c}_low" in numbers and f"{c}_high" in numbers
         )
         everything = (*numbers.values(), *(v for vs in nested.values() for v in vs))
-        out.append(Record(everything, triples, by_unit))
+        out.append(Record(everything, triples, by_unit, cell_names(cell, params), row=(str(run), len(out))))
     return tuple(out)
 
 
@@ -317,13 +362,22 @@ def _paperrecords_of() -> tuple[Record, ...]:
     return tuple(record for path in PAPERS for record in _textrecords_of(path))
 
 
+def _decimals(written: str) -> int:
+    return len(written.split(".")[1].split("e")[0]) if "." in written else 0
+
+
 def shows(value: float, written: str) -> bool:
     """``written`` is ``value`` rounded to the decimals it shows."""
-    decimals = len(written.split(".")[1]) if "." in written else 0
+    decimals = _decimals(written)
     return f"{abs(value):.{decimals}f}" == written.replace(",", "")
 
 
 def is_in(quoted: Quoted, records: tuple[Record, ...]) -> bool:
+    if quoted.kind == "range":  # a cell's bounds, or two numbers side by side in a line of a report
+        low, high = quoted.bounds
+        pairs = [pair for record in records for pair in record.bounds]
+        pairs += [(a, b) for record in records if not record.decimals for _, a, b in record.triples]
+        return any(shows(a, low) and shows(b, high) for a, b in pairs)
     if quoted.kind == "interval":
         low, high = quoted.bounds
         return any(
@@ -331,11 +385,13 @@ def is_in(quoted: Quoted, records: tuple[Record, ...]) -> bool:
             for record in records
             for x, a, b in record.triples
         )
+    decimals = _decimals(quoted.text)
     if quoted.kind == "percent":  # a fraction's hundredfold, or a percentage the file writes
-        return any(shows(100 * v, quoted.text) for record in records for v in record.values if v <= 1) or any(
+        fractions = (v for record in records for v in record.of_unit("", decimals + 2) if v <= 1)
+        return any(shows(100 * v, quoted.text) for v in fractions) or any(
             shows(v, quoted.text) for record in records for v in dict(record.by_unit).get("%", ())
         )
-    return any(shows(v, quoted.text) for record in records for v in record.of_unit(quoted.unit))
+    return any(shows(v, quoted.text) for record in records for v in record.of_unit(quoted.unit, decimals))
 
 
 def _sentence(text: str, start: int) -> str:
@@ -347,18 +403,55 @@ def _sentence(text: str, start: int) -> str:
 def unmatched(paragraph: Paragraph, text: str | None = None) -> list[str]:
     """The numbers ``text`` (the paragraph's own, or a changed copy) quotes that its files do not hold."""
     text = paragraph.text if text is None else text
+    return [shown(quoted) for quoted in quoted_numbers(text) if not holds(paragraph, text, quoted)]
+
+
+def holds(paragraph: Paragraph, text: str, quoted: Quoted) -> bool:
+    """A file the paragraph cites holds ``quoted`` (of ``text``), in a record its sentence may speak of
+    (doc_cells.py), and in one row with the numbers it is compared with (``A against B, a-b``: two
+    cells and their paired interval); or the sentence speaks of a paper and quotes its number."""
     records = tuple(r for path in paragraph.cited for r in records_of(path))
-    missing = []
-    for quoted in quoted_numbers(text):
-        if is_in(quoted, records):
+    if quoted.kind != "interval":
+        named = named_around(text, quoted.start)
+        records = tuple(r for r in records if may_be(r.label, named))
+    compared = _compared_with(text, quoted)
+    if compared and _in_one_row([quoted, *compared], records) or not compared and is_in(quoted, records):
+        return True
+    return bool(PAPER_WORDS.search(_sentence(text, quoted.start))) and is_in(quoted, _paperrecords_of())
+
+
+# a comparison and its paired interval: "1.79 against 1.62 (0.853-0.937)", "1.27 against 1.22, 0.926-0.986"
+COMPARED = re.compile(r"^[^()\d;]{0,40}against\s+[^()\d;]{0,30}$")
+BETWEEN_PAIR_AND_INTERVAL = re.compile(r"^(?:[^\d;]|\b95%){0,100}$")
+
+
+def _compared_with(text: str, quoted: Quoted) -> list[Quoted]:
+    """The other numbers of the comparison ``quoted`` is one of: a pair of cells written "A against B"
+    followed by their paired interval as bounds; none where it is not such a pair's."""
+    numbers = quoted_numbers(text)
+    for i in range(len(numbers) - 2):
+        first, second, interval = numbers[i : i + 3]
+        if quoted not in (first, second, interval) or interval.kind != "range":
             continue
-        if PAPER_WORDS.search(_sentence(text, quoted.start)) and is_in(quoted, _paperrecords_of()):
+        if first.kind != "decimal" or second.kind != "decimal":
             continue
-        missing.append(shown(quoted))
-    return missing
+        if COMPARED.match(
+            text[first.start + len(first.text) : second.start]
+        ) and BETWEEN_PAIR_AND_INTERVAL.match(text[second.start + len(second.text) : interval.start]):
+            return [q for q in (first, second, interval) if q != quoted]
+    return []
+
+
+def _in_one_row(numbers: list[Quoted], records: tuple[Record, ...]) -> bool:
+    rows: dict = {}
+    for record in records:
+        rows.setdefault(record.row, []).append(record)
+    return any(all(is_in(q, tuple(row)) for q in numbers) for row in rows.values())
 
 
 def shown(quoted: Quoted) -> str:
+    if quoted.kind == "range":
+        return f"{quoted.bounds[0]}-{quoted.bounds[1]}"
     if quoted.kind == "interval":
         return f"{quoted.text} [{quoted.bounds[0]}, {quoted.bounds[1]}]"
     return quoted.text + ("%" if quoted.kind == "percent" else "")

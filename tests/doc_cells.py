@@ -1,0 +1,112 @@
+"""Which of the cited cells or lines a quoted number can be (tests/doc_numbers.py).
+
+A number is read against the records of the files its paragraph cites (a cell of cells.csv, a line of
+a text file, a column of a text file's table row), and a lone ``1.62`` would match one of hundreds of
+values there by chance. So a record carries the names that identify it, of a few kinds: the dataset
+(``gsm8k``, ``mmlu``, ...), Spec-Bench's category, CS Drafting's cost model (SWI-MS or SWI-PW) and the
+settings (``k=4``, ``k00=2``, ``nodes=24``, ...): a cell from its dataset, name and parameters, a line
+from its words, a table row's column from the row's words and the column's header. A sentence (or a
+table row of the document, with its column's header) that names exactly one of a kind speaks of it:
+its numbers are read only against records that name that one or none of that kind. A sentence naming
+two datasets ties nothing by dataset; a sentence that must quote another dataset's number names it in a
+sentence of its own.
+"""
+
+from __future__ import annotations
+
+import re
+
+# the kinds of names that identify a record; a setting (``k=4``) is a kind of its own by its name
+KINDS = {
+    "dataset": "gsm8k mmlu alpaca humaneval passages arithmetic spec_bench wmt cnn xsum",
+    "category": "translation summarization qa math rag mt_bench",
+    "costs": "ms_costs pw_costs",
+}
+KIND_OF = {word: kind for kind, names in KINDS.items() for word in names.split()}
+# how prose, reports and cell names write those names
+SPELLINGS = [
+    (r"\b(MS|PW)\b", lambda m: f" {m.group(1).lower()}_costs "),  # capitals: CS Drafting's costs, not ms
+    (r"\bspec[-_ ]bench\b", " spec_bench "),
+    (r"\bwmt14\b|\bwmt\b", " wmt "),
+    (r"\bcnn\b|\bdailymail\b", " cnn "),
+    (r"\bmt[-_ ]bench\b", " mt_bench "),
+    (r"\b(k|k00|depth|nodes|threshold|rule|lenience|mag_tail)\s*=\s*(\d+(?:\.\d+)?|[a-z_]\w*)", r" \1=\2 "),
+]
+WORD = re.compile(r"[a-z][a-z0-9_]*(?:=[\w.]+)?")
+SENTENCE_END = re.compile(r"[.;](?=\s)|\n\s*- ")
+TABLE_RULE = re.compile(r"\s*\|[\s:|-]+\|\s*$")
+
+
+def names(text: str) -> frozenset[str]:
+    """The identifying names a piece of text gives: a line of a file, a sentence, a cell's name."""
+    for pattern, spelling in SPELLINGS:
+        text = re.sub(pattern, spelling, text, flags=re.IGNORECASE if isinstance(spelling, str) else 0)
+    return frozenset(w for w in WORD.findall(text.lower()) if w in KIND_OF or "=" in w)
+
+
+def cell_names(cell: dict, settings: dict) -> frozenset[str]:
+    """A cell's names: its dataset and its settings (a one-level cascade's K=[[2]] is the papers' K00 = 2)."""
+    found = set(names(str(cell.get("dataset")).replace("/", " ")))
+    for name, value in settings.items():
+        if isinstance(value, int | float | str) and not isinstance(value, bool):
+            found.add(f"{name.lower()}={value:g}" if isinstance(value, float) else f"{name.lower()}={value}")
+    k = settings.get("K")
+    if isinstance(k, list) and len(k) == 1 and isinstance(k[0], list) and len(k[0]) == 1:
+        found.add(f"k00={k[0][0]}")
+    return frozenset(found)
+
+
+def _kind(name: str) -> str:
+    return name.split("=")[0] + "=" if "=" in name else KIND_OF[name]
+
+
+def _settings_equal(a: str, b: str) -> bool:
+    """``k=4`` and ``k=4``; ``lenience=3`` and ``lenience=3.0``."""
+    if a == b:
+        return True
+    (name_a, value_a), (name_b, value_b) = a.split("=", 1), b.split("=", 1)
+    try:
+        return name_a == name_b and float(value_a) == float(value_b)
+    except ValueError:
+        return False
+
+
+def named_around(text: str, start: int) -> dict[str, str]:
+    """The one name of each kind that the sentence (or table row) holding ``text[start]`` gives, for the
+    kinds it names once."""
+    line_start = text.rfind("\n", 0, start) + 1
+    line_end = text.find("\n", start)
+    line = text[line_start : line_end if line_end >= 0 else len(text)]
+    if line.lstrip().startswith("|"):
+        column = line[: start - line_start].count("|")
+        header = _table_header(text, line_start).split("|")
+        label = " ".join(cell for cell in line.split("|") if not re.search(r"\d", cell))
+        found = names(label + " " + (header[column] if column < len(header) else ""))
+    else:
+        begin = max([m.end() for m in SENTENCE_END.finditer(text, 0, start)] + [0])
+        after = SENTENCE_END.search(text, start)
+        found = names(text[begin : after.start() if after else len(text)])
+    by_kind: dict[str, set[str]] = {}
+    for name in found:
+        by_kind.setdefault(_kind(name), set()).add(name)
+    return {kind: next(iter(found)) for kind, found in by_kind.items() if len(found) == 1}
+
+
+def _table_header(text: str, line_start: int) -> str:
+    """The header line of the markdown table whose row starts at ``line_start``."""
+    lines = text[:line_start].split("\n")[:-1]
+    for i in range(len(lines) - 1, 0, -1):
+        if TABLE_RULE.match(lines[i]):
+            return lines[i - 1]
+        if not lines[i].lstrip().startswith("|"):
+            break
+    return ""
+
+
+def may_be(label: frozenset[str], named: dict[str, str]) -> bool:
+    """A record may hold a number whose sentence names ``named`` unless it names another of a kind."""
+    for kind, name in named.items():
+        own = [n for n in label if _kind(n) == kind]
+        if own and not any(_settings_equal(n, name) if "=" in name else n == name for n in own):
+            return False
+    return True
