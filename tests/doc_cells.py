@@ -1,15 +1,16 @@
-"""Which of the cited cells or lines a quoted number can be (tests/doc_numbers.py).
+"""Which of the cited cells or lines a quoted number can be, and what it measures (tests/doc_numbers.py).
 
 A number is read against the records of the files its paragraph cites (a cell of cells.csv, a line of
 a text file, a column of a text file's table row), and a lone ``1.62`` would match one of hundreds of
 values there by chance. So a record carries the names that identify it, of a few kinds: the dataset
 (``gsm8k``, ``mmlu``, ...), Spec-Bench's category, CS Drafting's cost model (SWI-MS or SWI-PW) and the
-settings (``k=4``, ``k00=2``, ``nodes=24``, ...): a cell from its dataset, name and parameters, a line
-from its words, a table row's column from the row's words and the column's header. A sentence (or a
-table row of the document, with its column's header) that names exactly one of a kind speaks of it:
-its numbers are read only against records that name that one or none of that kind. A sentence naming
-two datasets ties nothing by dataset; a sentence that must quote another dataset's number names it in a
-sentence of its own.
+settings (``k=4``, ``k00=2``, ``nodes=24``, ...): a cell from its dataset and parameters, a line from
+its words, a table row's column from the row's words and the column's header. A sentence (or a table
+row of the document, with its column's header) that names exactly one of a kind speaks of it: its
+numbers are read only against records that name that one or none of that kind. A sentence naming two
+datasets ties nothing by dataset, so a sentence that quotes one dataset's numbers names that one alone.
+What a number measures, where no unit follows it, its table column's header says, or the number before
+it that it is compared with or listed after.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ KIND_OF = {word: kind for kind, names in KINDS.items() for word in names.split()
 # how prose, reports and cell names write those names
 SPELLINGS = [
     (r"\b(MS|PW)\b", lambda m: f" {m.group(1).lower()}_costs "),  # capitals: CS Drafting's costs, not ms
-    (r"\bspec[-_ ]bench\b", " spec_bench "),
-    (r"\bwmt14\b|\bwmt\b", " wmt "),
-    (r"\bcnn\b|\bdailymail\b", " cnn "),
-    (r"\bmt[-_ ]bench\b", " mt_bench "),
+    # a dataset's file name joins its words with "_" (wmt14_en_de/test, cnn_dailymail/test)
+    (r"(?<![a-z0-9])spec[-_ ]bench(?![a-z0-9])", " spec_bench "),
+    (r"(?<![a-z0-9])wmt(?:14)?(?![a-z0-9])", " wmt "),
+    (r"(?<![a-z0-9])(?:cnn|dailymail)(?![a-z0-9])", " cnn "),
+    (r"(?<![a-z0-9])mt[-_ ]bench(?![a-z0-9])", " mt_bench "),
+    (r"(?<![a-z0-9])(gsm8k|mmlu|alpaca|humaneval|passages|arithmetic|xsum)(?![a-z0-9])", r" \1 "),
     (r"\b(k|k00|depth|nodes|threshold|rule|lenience|mag_tail)\s*=\s*(\d+(?:\.\d+)?|[a-z_]\w*)", r" \1=\2 "),
 ]
 WORD = re.compile(r"[a-z][a-z0-9_]*(?:=[\w.]+)?")
@@ -78,10 +81,8 @@ def named_around(text: str, start: int) -> dict[str, str]:
     line_end = text.find("\n", start)
     line = text[line_start : line_end if line_end >= 0 else len(text)]
     if line.lstrip().startswith("|"):
-        column = line[: start - line_start].count("|")
-        header = _table_header(text, line_start).split("|")
         label = " ".join(cell for cell in line.split("|") if not re.search(r"\d", cell))
-        found = names(label + " " + (header[column] if column < len(header) else ""))
+        found = names(label + " " + column_header(text, start))
     else:
         begin = max([m.end() for m in SENTENCE_END.finditer(text, 0, start)] + [0])
         after = SENTENCE_END.search(text, start)
@@ -92,15 +93,47 @@ def named_around(text: str, start: int) -> dict[str, str]:
     return {kind: next(iter(found)) for kind, found in by_kind.items() if len(found) == 1}
 
 
-def _table_header(text: str, line_start: int) -> str:
-    """The header line of the markdown table whose row starts at ``line_start``."""
+def column_header(text: str, start: int) -> str:
+    """The header of the markdown table column holding ``text[start]`` ("" outside a table)."""
+    line_start = text.rfind("\n", 0, start) + 1
+    line = text[line_start:].split("\n", 1)[0]
+    if not line.lstrip().startswith("|"):
+        return ""
     lines = text[:line_start].split("\n")[:-1]
     for i in range(len(lines) - 1, 0, -1):
         if TABLE_RULE.match(lines[i]):
-            return lines[i - 1]
+            cells = lines[i - 1].split("|")
+            column = line[: start - line_start].count("|")
+            return cells[column] if column < len(cells) else ""
         if not lines[i].lstrip().startswith("|"):
             break
     return ""
+
+
+# what a table's column header says its numbers are
+HEADER_UNITS = {
+    "tokens a pass": r"tokens (?:a|per) (?:target |verification )?(?:pass|step)|acc\. len",
+    "tokens/s": r"\b(?:tok|tokens)/s\b",
+    "ms": r"\bms\b",
+    "x": r"speedup|×|\bvs\.? ",
+}
+# a number compared with or listed after one whose unit is written: "1.61x, 1.70x and 1.70x", "1.58
+# tokens per target pass for the tree and 1.29 for the chain"
+JOINED = re.compile(r"^[^\d;:()\[\].]{0,40}$")
+JOINER = re.compile(r"\b(?:against|and|or|to|than)\b|,|/")
+
+
+def unit_said_nearby(text: str, start: int, previous: tuple[int, str] | None) -> str:
+    """The unit of a number written without one at ``text[start]``: its table column's, or that of the
+    number before it (``previous``: where that one's written form ends, and its unit) where the words
+    between join the two."""
+    header = column_header(text, start)
+    unit = next((unit for unit, said in HEADER_UNITS.items() if re.search(said, header)), "")
+    if not unit and previous:
+        between = text[previous[0] : start]
+        if JOINED.match(between) and JOINER.search(between):
+            unit = previous[1]
+    return unit
 
 
 def may_be(label: frozenset[str], named: dict[str, str]) -> bool:

@@ -4,14 +4,20 @@ A paragraph cites the committed files and run directories it names (from the roo
 the document's folder); a run's README also cites its own folder. A quoted number is matched only
 against what such a number can be, never against examples.jsonl: a run directory offers its cells (the
 result columns of cells.csv, not the cell's parameters, seeds or latency percentiles) and its text files
-(report tables, curves, bench output), a text file its numbers line by line. The unit after a number or
-the measure named before it narrows the columns: ``1.8x`` is a speedup or SWI, ``31.2 tokens/s`` a
-tokens/s, ``38.7 ms`` a pass time, ``2.00 tokens per target pass`` an acceptance length, ``SWI 1.79`` an
-SWI, ``ROUGE-2 4.26`` a quality. A number may be the file's value rounded to the decimals it shows
-(correct rounding, never truncation), a percentage a fraction's hundredfold or a percentage the file
-writes, and an interval ``x [a, b]`` must be one column's value and bounds in one cell (in a text file:
-three consecutive numbers of one line). Checked are decimals, percentages, intervals, counts of rows and
-passes, and counts of tokens the sentence says were generated, committed or accepted.
+(report tables, curves, bench output), a text file its numbers line by line (a table row column by
+column). Of those, only the records its sentence may speak of (doc_cells.py: the dataset, cost model or
+setting it names). The unit after a number, the measure named before it, its table column's header or
+the number it is compared with or listed after narrows the columns: ``1.8x`` is a speedup,
+``31.2 tokens/s`` a tokens/s, ``38.7 ms`` a pass time, ``2.00 tokens per target pass`` an acceptance
+length, ``SWI 1.79`` an SWI, ``ROUGE-2 4.26`` a quality. A number may be the file's value rounded to
+the decimals it shows (correct rounding, never truncation; a report's number, already rounded, is never
+quoted with more decimals than it shows), a percentage a fraction's hundredfold or a percentage the file
+writes. An interval ``x [a, b]`` must be one column's value and bounds in one cell (in a text file:
+three consecutive numbers of one line); an interval written as its bounds (``paired 95% interval
+0.853-0.937``) a cell's bounds or bounds a report writes as such; and two numbers compared before their
+paired interval (``1.79 against 1.62 (0.853-0.937)``) must be in one row with it. Checked are decimals,
+percentages, intervals, counts of rows and passes, and counts of tokens the sentence says were
+generated, committed or accepted.
 
 Not results, so not checked: numbers in code (backticks, code blocks), dates, versions, names and sizes
 written into a word (SmolLM2-135M, Qwen2.5, 0.5B), section, table, figure and theorem numbers, settings
@@ -30,7 +36,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from doc_cells import cell_names, may_be, named_around, names
+from doc_cells import cell_names, may_be, named_around, names, unit_said_nearby
 
 from specbench.pipeline.records.results import read_cells_csv
 
@@ -70,7 +76,7 @@ UNITS = {
     "swi": (None, r"\bSWI(?:-MS|-PW| \(MS\)| \(PW\))?\b[^.;:()\d]*$"),
 }
 COLUMNS = {
-    "x": r"speedup|^swi_|ratio|_cost$",
+    "x": r"speedup|ratio",
     "tokens/s": r"tokens_per_s|tok_s",
     "ms": r"_ms$|^pass_ms$",
     "tokens a pass": r"acceptance_length|accepted_per_step|tokens_per_step",
@@ -198,7 +204,22 @@ def quoted_numbers(text: str) -> tuple[Quoted, ...]:
             out.append(Quoted(number, start, "decimal", unit=unit))
         elif COUNTED.match(after) or TOKENS.match(after) and PRODUCED.search(before):
             out.append(Quoted(number, start, "count"))
-    return tuple(out)
+    return tuple(_with_units_said_nearby(text, out))
+
+
+def _with_units_said_nearby(text: str, numbers: list[Quoted]) -> list[Quoted]:
+    """The numbers, each without a unit of its own given the one its column or a neighbour says."""
+    out = []
+    for quoted in numbers:
+        if quoted.kind == "decimal" and not quoted.unit:
+            previous = out[-1] if out and out[-1].kind in ("decimal", "interval") and out[-1].unit else None
+            after = previous and previous.start + len(previous.text)
+            if previous and previous.kind == "interval":
+                after = text.find("]", after) + 1
+            unit = unit_said_nearby(text, quoted.start, previous and (after, previous.unit))
+            quoted = Quoted(quoted.text, quoted.start, quoted.kind, quoted.bounds, unit)
+        out.append(quoted)
+    return out
 
 
 def _says(tail: str | None, after: str, head: str | None, before: str) -> bool:
@@ -304,7 +325,13 @@ def _textrecords_of(path: Path) -> tuple[Record, ...]:
                 for low, high in re.findall(rf"\[?[+\-−]?({number})(?:-| to |, )[+\-−]?({number})\]?", piece)
             )
             record = Record(
-                tuple(values), triples, (("%", percents),), label | heading, rounded, (str(path), row), bounds
+                tuple(values),
+                triples,
+                (("%", percents),),
+                label | heading,
+                rounded,
+                (str(path), row),
+                bounds,
             )
             out.append(record)
     return tuple(out)

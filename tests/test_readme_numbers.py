@@ -41,6 +41,18 @@ HAND_DERIVED: dict[tuple[str, str], tuple[str, str]] = {
         "a 17-row tree pass over a one-token pass (vs_ar.txt's pass times)",
         "39.6 / 33.5",
     ),
+    ("results/heads/smollm2_eagle_compiled_bf16/README.md", "1.24"): (
+        "a 25-row tree pass over a one-token pass (vs_ar.txt's pass times)",
+        "41.6 / 33.5",
+    ),
+    ("results/heads/smollm2_eagle_compiled_bf16/README.md", "2.2"): (
+        "float32's 17-row tree pass over its one-token pass (the compiled_short run's pass times)",
+        "77.6 / 35.1",
+    ),
+    ("results/heads/smollm2_eagle_compiled_short/README.md", "2.2"): (
+        "the 17-row tree pass over a one-token pass (the run's pass times)",
+        "77.6 / 35.1",
+    ),
     ("results/heads/smollm2_eagle_gpu_step_graph/README.md", "18%"): (
         "the tree's gain from the step graph, tokens/s after over before",
         "(320.0 / 271.8 - 1) * 100",
