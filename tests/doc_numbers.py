@@ -61,10 +61,13 @@ COUNTED = re.compile(r"\s+(?:[a-z]+\s+)?(?:rows?|passes)\b")
 TOKENS = re.compile(r"\s+(?:[a-z]+\s+)?tokens?\b")
 PRODUCED = re.compile(r"(?:generat|commit|accept|produc|emit)\w*\s+(?:[\w-]+\s+){0,2}$")
 REFERENCE = re.compile(
-    r"(?:§|\b(?:Sec|Secs|Section|App|Appendix|Table|Tables|Fig|Figs|Figure|Figures|Theorem|Lemma|Eq|Alg|"
+    r"(?:§|\b(?:Sec|Secs|Section|App|Appendix|Table|Tables|Fig|Figs|Figure|Figures|Theorem|Lemma|Eq|Eqs|Equation|Alg|"
     r"Algorithm|Corollary|Proposition|Definition|issue|part|Part))\.?\s*(?:\d+\S*\s*(?:and|,|-)\s*)?$"
 )
-SETTING = re.compile(r"(?:\b[A-Za-z_][\w-]*|[α-ωΑ-Ω])\s*(?:=|≤|≥|<|>)\s*$|(?<!\w)[α-ωΑ-Ω] $")
+# a setting: "k = 4", "α 0.5", sampling's "T 0.6", "top-p 0.9", "top-k 50"
+SETTING = re.compile(
+    r"(?:\b[A-Za-z_][\w-]*|[α-ωΑ-Ω])\s*(?:=|≤|≥|<|>)\s*$|(?<!\w)[α-ωΑ-Ω]\s+$|\b(?:T|top-[pk])\s+$"
+)
 # What a number is, by the unit after it or the measure named just before it in its clause, and the
 # cells.csv columns such a number can be. A number none of these name can be any result column.
 UNITS = {

@@ -257,7 +257,7 @@ def test_the_changed_digits_span_the_three_kinds_of_document():
 # read against every value of the files its paragraph cites and often met another one by chance. Tied
 # to its dataset, cost model and settings (doc_cells.py), a report's rounding, intervals written as
 # bounds and compared pairs read in one row with their paired interval, it catches the share below.
-CAUGHT_AT_LEAST = 0.62
+CAUGHT_AT_LEAST = 0.63
 
 
 def _with_last_digit_changed(text: str, quoted: Quoted) -> tuple[str, Quoted | None]:
