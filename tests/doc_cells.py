@@ -47,9 +47,29 @@ def names(text: str) -> frozenset[str]:
     return frozenset(w for w in WORD.findall(text.lower()) if w in KIND_OF or "=" in w)
 
 
+# how a table row's label, a report's line or a cell's name writes a method (a kind read only from a
+# document's table row: prose names the methods a number is compared with as often as its own)
+METHODS = {
+    "ar": r"\bar\b|\bautoregressive\b",
+    "sd": r"\bs\.? ?decoding\b|\bspeculative decoding\b|\bsd\b|\bspecdec\b(?!\+)",
+    "cs": r"\bcs[- ]drafting\b|\bcs\b",
+    "medusa": r"\bmedusa\b",
+    "eagle": r"\beagle\b(?!-3)",
+    "eagle3": r"\beagle-?3\b",
+    "specdecpp": r"\bspecdec(?:\+\+|pp)",
+    "vllm": r"\bvllm\b",
+}
+
+
+def method_names(text: str) -> frozenset[str]:
+    return frozenset(f"method={m}" for m, said in METHODS.items() if re.search(said, text, re.IGNORECASE))
+
+
 def cell_names(cell: dict, settings: dict) -> frozenset[str]:
-    """A cell's names: its dataset and its settings (a one-level cascade's K=[[2]] is the papers' K00 = 2)."""
+    """A cell's names: its dataset, method and settings (a one-level cascade's K=[[2]] is the papers' K00 =
+    2)."""
     found = set(names(str(cell.get("dataset")).replace("/", " ")))
+    found |= method_names(re.split(r"[\[-]", str(cell.get("cell")))[0])
     for name, value in settings.items():
         if isinstance(value, int | float | str) and not isinstance(value, bool):
             found.add(f"{name.lower()}={value:g}" if isinstance(value, float) else f"{name.lower()}={value}")
@@ -81,8 +101,9 @@ def named_around(text: str, start: int) -> dict[str, str]:
     line_end = text.find("\n", start)
     line = text[line_start : line_end if line_end >= 0 else len(text)]
     if line.lstrip().startswith("|"):
-        label = " ".join(cell for cell in line.split("|") if not re.search(r"\d", cell))
-        found = names(label + " " + column_header(text, start))
+        cells = line.split("|")
+        label = " ".join(cell for i, cell in enumerate(cells) if i == 1 or not re.search(r"\d", cell))
+        found = names(label + " " + column_header(text, start)) | method_names(cells[1])
     else:
         begin = max([m.end() for m in SENTENCE_END.finditer(text, 0, start)] + [0])
         after = SENTENCE_END.search(text, start)

@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from doc_cells import cell_names, may_be, named_around, names, unit_said_nearby
+from doc_cells import cell_names, may_be, method_names, named_around, names, unit_said_nearby
 
 from specbench.pipeline.records.results import read_cells_csv
 
@@ -312,7 +312,7 @@ def _textrecords_of(path: Path) -> tuple[Record, ...]:
             header = parts
         pieces = [line] if parts is None else parts[1:-1]
         # a table row: one record per column, named by the row's words and the column's header
-        label = names(line)
+        label = names(line) | method_names(line)
         for at, piece in enumerate(pieces):
             tokens = re.findall(number, piece)
             values = [_value(t) for t in tokens]
