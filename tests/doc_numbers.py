@@ -189,7 +189,9 @@ def quoted_numbers(text: str) -> tuple[Quoted, ...]:
     for match in NUMBER.finditer(text):
         start, end, number = match.start(), match.end(), match.group(0)
         before, after = text[max(0, start - 40) : start], text[end : end + 60]
-        if re.search(r"\bgoal\b[^.;]*$", before):  # a goal an issue set, here and wherever restated
+        if re.search(
+            r"\bgoal\b[^.;]*$", text[max(0, start - 100) : start]
+        ):  # an issue's goal, wherever restated
             goals.add(number)
         if start < inside or number in goals or _not_a_result(text, start, end, before, after):
             continue
@@ -396,10 +398,18 @@ def _decimals(written: str) -> int:
     return len(written.split(".")[1].split("e")[0]) if "." in written else 0
 
 
+@functools.lru_cache(maxsize=65536)
+def _written(written: str) -> tuple[str, int, float]:
+    plain = written.replace(",", "")
+    decimals = _decimals(plain)
+    return plain, decimals, float(plain)
+
+
 def shows(value: float, written: str) -> bool:
     """``written`` is ``value`` rounded to the decimals it shows."""
-    decimals = _decimals(written)
-    return f"{abs(value):.{decimals}f}" == written.replace(",", "")
+    plain, decimals, near = _written(written)
+    # most values are far from it: rule them out before formatting
+    return abs(abs(value) - near) <= 0.6 * 10**-decimals and f"{abs(value):.{decimals}f}" == plain
 
 
 def is_in(quoted: Quoted, records: tuple[Record, ...]) -> bool:
@@ -440,14 +450,18 @@ def holds(paragraph: Paragraph, text: str, quoted: Quoted) -> bool:
     """A file the paragraph cites holds ``quoted`` (of ``text``), in a record its sentence may speak of
     (doc_cells.py), and in one row with the numbers it is compared with (``A against B, a-b``: two
     cells and their paired interval); or the sentence speaks of a paper and quotes its number."""
-    records = tuple(r for path in paragraph.cited for r in records_of(path))
-    if quoted.kind != "interval":
-        named = named_around(text, quoted.start)
-        records = tuple(r for r in records if may_be(r.label, named))
+    named = {} if quoted.kind == "interval" else named_around(text, quoted.start)
+    records = _records_named(paragraph.cited, tuple(sorted(named.items())))
     compared = _compared_with(text, quoted)
     if compared and _in_one_row([quoted, *compared], records) or not compared and is_in(quoted, records):
         return True
     return bool(PAPER_WORDS.search(_sentence(text, quoted.start))) and is_in(quoted, _paperrecords_of())
+
+
+@functools.lru_cache(maxsize=4096)
+def _records_named(cited: tuple[Path, ...], named: tuple[tuple[str, str], ...]) -> tuple[Record, ...]:
+    """The records of the cited files that a sentence giving the ``named`` names may speak of."""
+    return tuple(r for path in cited for r in records_of(path) if may_be(r.label, dict(named)))
 
 
 # a comparison and its paired interval: "1.79 against 1.62 (0.853-0.937)", "1.27 against 1.22, 0.926-0.986"
