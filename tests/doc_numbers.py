@@ -59,6 +59,7 @@ RANGE_HEAD = re.compile(r"(?:\binterval\b|\bCI\b|\bratio\b)[^().;]*$|against \d+
 # accepted (elsewhere "N tokens" is a budget, a prompt's or a pass's size: settings, not results)
 COUNTED = re.compile(r"\s+(?:[a-z]+\s+)?(?:rows?|passes)\b")
 TOKENS = re.compile(r"\s+(?:[a-z]+\s+)?tokens?\b")
+GOAL = re.compile(r"\bgoal\b[^.;]*$")  # a goal an issue set, here and wherever restated
 PRODUCED = re.compile(r"(?:generat|commit|accept|produc|emit)\w*\s+(?:[\w-]+\s+){0,2}$")
 REFERENCE = re.compile(
     r"(?:§|\b(?:Sec|Secs|Section|App|Appendix|Table|Tables|Fig|Figs|Figure|Figures|Theorem|Lemma|Eq|Eqs|Equation|Alg|"
@@ -189,9 +190,7 @@ def quoted_numbers(text: str) -> tuple[Quoted, ...]:
     for match in NUMBER.finditer(text):
         start, end, number = match.start(), match.end(), match.group(0)
         before, after = text[max(0, start - 40) : start], text[end : end + 60]
-        if re.search(
-            r"\bgoal\b[^.;]*$", text[max(0, start - 100) : start]
-        ):  # an issue's goal, wherever restated
+        if GOAL.search(text[max(0, start - 100) : start]):
             goals.add(number)
         if start < inside or number in goals or _not_a_result(text, start, end, before, after):
             continue
