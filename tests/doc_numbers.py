@@ -21,10 +21,10 @@ generated, committed or accepted.
 
 Not results, so not checked: numbers in code (backticks, code blocks), dates, versions, names and sizes
 written into a word (SmolLM2-135M, Qwen2.5, 0.5B), section, table, figure and theorem numbers, settings
-(``k = 4``, ``T = 1``, ``α 0.5``), a confidence level (95% interval), a goal an issue set (and its
-restatements), bare integers without a counted unit (2 cores, 8 prompts), and token counts that are
-budgets or sizes. A number in a sentence that speaks of a paper may be the paper's own, from
-specbench/papers/*/reference.yaml.
+(``k = 4``, ``T = 1``, ``α 0.5``, ``top-p 0.9``), equation numbers, a confidence level (95% interval),
+a goal an issue set (and its restatements), bare integers without a counted unit (2 cores, 8 prompts),
+and token counts that are budgets or sizes. A number in a sentence that speaks of a paper may be the
+paper's own, from specbench/papers/*/reference.yaml.
 """
 
 from __future__ import annotations
@@ -242,7 +242,7 @@ def _not_a_result(text: str, start: int, end: int, before: str, after: str) -> b
         and re.match(r"-\d{2}", after)  # a date
         or REFERENCE.search(before)
         or SETTING.search(before)
-        or re.match(r"\s?% (?:\w+ )?(?:interval|bootstrap|confidence)", after)  # a confidence level
+        or re.match(r"\s?% (?:\w+ ){0,2}(?:interval|bootstrap|confidence)", after)  # a confidence level
     )
 
 
