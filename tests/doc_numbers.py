@@ -78,6 +78,8 @@ UNITS = {
     "tokens a pass": (r"\s*tokens (?:a|per) (?:target |verification )?(?:pass|step|round)", None),
     "quality": (None, r"\b(?:ROUGE-?\w*|BLEU|accuracy)\b[^.;:()]*$"),
     "swi": (None, r"\bSWI(?:-MS|-PW| \(MS\)| \(PW\))?\b[^.;:()\d]*$"),
+    "rejection": (None, r"\b(?:rejects?|rejection(?: rate)?|defers?|deferral(?: rate)?)\b[^.;:()\d]{0,20}$"),
+    "acceptance": (None, r"\b(?:draft acceptance|acceptance rate|accepted at)\b[^.;:()\d]{0,20}$"),
 }
 COLUMNS = {
     "x": r"speedup|ratio",
@@ -86,6 +88,8 @@ COLUMNS = {
     "tokens a pass": r"acceptance_length|accepted_per_step|tokens_per_step",
     "quality": r"^quality_",
     "swi": r"^swi_",
+    "rejection": r"^rejection|^deferral",
+    "acceptance": r"acceptance_rate|acceptance_marginal|acceptance_conditional|engine_acceptance",
     # a number with neither: the report's own columns
     "": r"^(?:swi_|speedup|tokens_per_s|acceptance_length|draft_acceptance|accepted_per_step|quality_|"
     r"deferral|rejection|drafter_cost|model_time|loop_overhead|theory_tokens|engine_acceptance|lossless_|n$|"
@@ -109,7 +113,7 @@ class Quoted:
     start: int
     kind: str  # "decimal", "percent", "interval" (x [a, b]), "range" (a-b: an interval's bounds), "count"
     bounds: tuple[str, str] | None = None
-    unit: str = ""  # "x", "tokens/s" or "ms": which of a cell's columns it can be
+    unit: str = ""  # "x", "tokens/s", "ms", ...: which of a cell's columns it can be (UNITS)
 
 
 @dataclass(frozen=True)

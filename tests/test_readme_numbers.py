@@ -257,7 +257,7 @@ def test_the_changed_digits_span_the_three_kinds_of_document():
 # few lone numbers): a lone number was read against every value of the files its paragraph cites and
 # often met another one by chance. Tied to the dataset, cost model, settings and (in a table) method its
 # sentence names (doc_cells.py), read at a report's rounding, with intervals written as bounds and compared
-# pairs read in one row with their paired interval, it caught 1,239 of 1,918 (65%; some numbers that
+# pairs read in one row with their paired interval, it caught 1,241 of 1,918 (65%; some numbers that
 # were no results, settings and equation numbers, left the count, and a range's two bounds count once).
 # What still passes is mostly a number in prose beside several cells of one file (a sentence quoting
 # three cells' speedups names none of them): the floor below keeps the share from falling.
