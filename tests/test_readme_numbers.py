@@ -261,7 +261,7 @@ def test_the_changed_digits_span_the_three_kinds_of_document():
 # were no results, settings and equation numbers, left the count, and a range's two bounds count once).
 # What still passes is mostly a number in prose beside several cells of one file (a sentence quoting
 # three cells' speedups names none of them): the floor below keeps the share from falling.
-CAUGHT_AT_LEAST = 0.64
+CAUGHT_AT_LEAST = 0.63  # 0.647 today; the margin is for run READMEs rewritten with new numbers
 
 
 def _with_last_digit_changed(text: str, quoted: Quoted) -> tuple[str, Quoted | None]:
