@@ -5,6 +5,7 @@ measured it (a number from one CPU kind is not the demo's on another)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -19,6 +20,7 @@ from doc_numbers import (
     RUN_READMES,
     Paragraph,
     Quoted,
+    holds,
     is_in,
     paragraphs_of,
     quoted_numbers,
@@ -39,6 +41,18 @@ HAND_DERIVED: dict[tuple[str, str], tuple[str, str]] = {
         "a 17-row tree pass over a one-token pass (vs_ar.txt's pass times)",
         "39.6 / 33.5",
     ),
+    ("results/heads/smollm2_eagle_compiled_bf16/README.md", "1.24"): (
+        "a 25-row tree pass over a one-token pass (vs_ar.txt's pass times)",
+        "41.6 / 33.5",
+    ),
+    ("results/heads/smollm2_eagle_compiled_bf16/README.md", "2.2"): (
+        "float32's 17-row tree pass over its one-token pass (the compiled_short run's pass times)",
+        "77.6 / 35.1",
+    ),
+    ("results/heads/smollm2_eagle_compiled_short/README.md", "2.2"): (
+        "the 17-row tree pass over a one-token pass (the run's pass times)",
+        "77.6 / 35.1",
+    ),
     ("results/heads/smollm2_eagle_gpu_step_graph/README.md", "18%"): (
         "the tree's gain from the step graph, tokens/s after over before",
         "(320.0 / 271.8 - 1) * 100",
@@ -47,48 +61,50 @@ HAND_DERIVED: dict[tuple[str, str], tuple[str, str]] = {
         "the chain's gain from the step graph, tokens/s after over before",
         "(333.6 / 253.0 - 1) * 100",
     ),
+    ("results/heads/gpu_drafting_syncs/README.md", "15%"): (
+        "the tree's tokens/s with the device-side patch over without, as a slowdown",
+        "(1 - 91.6 / 107.5) * 100",
+    ),
+    ("results/heads/gpu_drafting_syncs/README.md", "1.2"): (
+        "the tree's time a step outside the passes, with the patch minus without",
+        "3.96 - 2.77",
+    ),
+    ("results/heads/gpu_drafting_syncs/README.md", "3.01"): (
+        "the 25-row tree pass's wall minus busy time (gpu_pass_shapes_nvidia-h200_eager.txt)",
+        "5.979 - 2.968",
+    ),
+    ("results/heads/gpu_drafting_syncs/README.md", "1.26"): (
+        "the decode pass's wall minus busy time (gpu_pass_shapes_nvidia-h200_eager.txt)",
+        "2.621 - 1.358",
+    ),
+    ("results/heads/gpu_drafting_syncs/README.md", "12%"): (
+        "the tree's gain from the step graph, tokens/s after over before (step_graph_nvidia-h200.txt)",
+        "(153.4 / 136.8 - 1) * 100",
+    ),
+    ("results/heads/gpu_drafting_syncs/README.md", "18%"): (
+        "the trained head's tree gain from the step graph (../smollm2_eagle_gpu_step_graph/), as there",
+        "(320.0 / 271.8 - 1) * 100",
+    ),
+    ("results/heads/smollm2_eagle_specbench_seq1024/README.md", "0.19"): (
+        "the math category's acceptance in one run minus the other's",
+        "2.91 - 2.72",
+    ),
+    ("results/spec_cascades/smollm2_offline_token_rules/README.md", "11%"): (
+        "the widest gap of a cell's walltime speedup under the theory's (paper_table2.md's wall× columns)",
+        "(1 - 1.32 / 1.48) * 100",
+    ),
 }
 
 # Numbers the documents quote that no file their paragraph cites holds, left for the lead to decide:
 # {document: {number as quoted: what the files say}}. Each is an expected failure below.
 KNOWN_MISMATCHES: dict[str, dict[str, str]] = {
-    "results/heads/gpu_drafting_syncs/README.md": {
-        "15%": "the tree's tokens/s before and after are not quoted",
-        "1.2": "a host-time estimate (75 launches x 15 us)",
-        "5.40": "it is in results/heads/gpu_head_graphs_nvidia-h100-80gb.txt",
-        "2.968": "it is in results/compile/gpu_pass_shapes_nvidia-h200_eager.txt",
-        "1.358": "it is in results/compile/gpu_pass_shapes_nvidia-h200_eager.txt",
-        "3.01": "wall minus busy time of results/compile/gpu_pass_shapes_nvidia-h200_eager.txt",
-        "1.26": "2.621 - 1.358 ms of results/compile/gpu_pass_shapes_nvidia-h200_eager.txt",
-        "18%": "the tokens/s it compares are not quoted",
-        "12%": 'the tokens/s of "11-12%" are not quoted',
-    },
-    "results/heads/smollm2_eagle3_specbench/README.md": {
-        "0.491": "it is in results/heads/training_eagle3_spec_bench.json",
-        "0.408": "it is in results/heads/training_eagle3_spec_bench.json",
-        "10.7": "it is results/heads/training_eagle.json's first loss",
-    },
     "results/heads/smollm2_eagle_gpu/README.md": {
         "56": "the rows the recipe planned, not a recorded count",
     },
-    "results/heads/smollm2_eagle_gpu_graphs/README.md": {
-        "0.589": "it is in results/heads/training_eagle.json",
-    },
     "results/heads/smollm2_eagle_onednn/README.md": {
+        "8%": "an earlier run of the same recipe, not committed",
         "0.588": "the Xeon's own EAGLE head, not committed (training_eagle.json's head: 0.5890)",
         "0.354": "the small drafter's agreement is in no committed file",
-    },
-    "results/heads/smollm2_eagle_specbench_seq1024/README.md": {
-        "0.567": "it is in results/heads/training_eagle_spec_bench.json",
-        "0.19": "a difference between two runs' categories, worked out by hand",
-    },
-    "results/heads/smollm2_eagle_specbench_trained/README.md": {
-        "0.589": "it is in results/heads/training_eagle.json",
-    },
-    "results/heads/smollm2_eagle_unroll3/README.md": {
-        "0.577": "(line 26; line 12 cites it); it is in results/heads/training_eagle_unroll3.json",
-        "0.589": "(line 26); it is in results/heads/training_eagle.json",
-        "0.530": "the 2-step head's rate at depth 7 is in another run",
     },
     "results/prediction/README.md": {
         "19.63": "from a profile file that was replaced (the README says so)",
@@ -100,8 +116,8 @@ KNOWN_MISMATCHES: dict[str, dict[str, str]] = {
         "0.478": "a constant predictor's eval binary KL",
         "0.258": "the acceptance head's mean label",
     },
-    "results/cs_drafting/table3_smollm2_offline/README.md": {
-        "0.018": "cells.csv's others_cpu is at most 0.0075 (a cell's mean), others_cpu_max 0.020",
+    "results/CLAIMS.md": {
+        "36%": "Eq. 2.3's worst overestimate over every cell; paper_table1.md prints each algorithm's best",
     },
     "docs/results.md": {
         "0.4%": "a repeat std over its mean, worked out by hand from cells.csv",
@@ -223,14 +239,68 @@ MUTATIONS = _mutations()
 def test_a_changed_digit_is_caught(paragraph: Paragraph, quoted: Quoted):
     assert quoted.text not in unmatched(paragraph)  # as committed, the interval passes
     which = MUTATIONS.index((paragraph, quoted)) % 3
-    text, shown = _changed(quoted, paragraph.text, which)
-    assert shown in unmatched(paragraph, text), f"{shown} (was {shown(quoted)}) passed in {paragraph.name}"
+    text, changed = _changed(quoted, paragraph.text, which)
+    assert changed in unmatched(paragraph, text), (
+        f"{changed} (was {shown(quoted)}) passed in {paragraph.name}"
+    )
 
 
 def test_the_changed_digits_span_the_three_kinds_of_document():
     documents = {p.document for p, _ in MUTATIONS}
     assert len(MUTATIONS) == 30
     assert all(documents & set(kind) for kind in KINDS_OF_DOCUMENT)
+
+
+# -- every quoted number, its last digit changed ------------------------------------------------------
+
+# When the check first counted this, it caught 1,107 of 1,993 changed numbers (56%; every interval, but
+# few lone numbers): a lone number was read against every value of the files its paragraph cites and
+# often met another one by chance. Tied to the dataset, cost model, settings and (in a table) method its
+# sentence names (doc_cells.py), read at a report's rounding, with intervals written as bounds and compared
+# pairs read in one row with their paired interval, it caught 1,241 of 1,918 (65%; some numbers that
+# were no results, settings and equation numbers, left the count, and a range's two bounds count once).
+# What still passes is mostly a number in prose beside several cells of one file (a sentence quoting
+# three cells' speedups names none of them): the floor below keeps the share from falling.
+CAUGHT_AT_LEAST = 0.63  # 0.647 today; the margin is for run READMEs rewritten with new numbers
+
+
+def _with_last_digit_changed(text: str, quoted: Quoted) -> tuple[str, Quoted | None]:
+    """The paragraph with the last digit of ``quoted`` as written one higher (9 becomes 0), and the
+    number the check then reads there (none if it no longer reads one)."""
+    at = quoted.start + max(i for i, c in enumerate(quoted.text) if c.isdigit())
+    text = text[:at] + str((int(text[at]) + 1) % 10) + text[at + 1 :]
+    return text, next((q for q in quoted_numbers(text) if q.start == quoted.start), None)
+
+
+@functools.cache
+def changed_digits() -> tuple[list[str], list[str]]:
+    """Each number the documents quote and the check holds, its last digit changed in turn (in memory):
+    the ones the check then fails, and the ones it lets pass (as ``document:line number``)."""
+    caught, passed = [], []
+    for paragraph in CHECKED:
+        for quoted in quoted_numbers(paragraph.text):
+            if _excused(paragraph, shown(quoted)) or not holds(paragraph, paragraph.text, quoted):
+                continue
+            text, changed = _with_last_digit_changed(paragraph.text, quoted)
+            name = f"{paragraph.name} {shown(quoted)}"
+            (passed if changed and holds(paragraph, text, changed) else caught).append(name)
+    return caught, passed
+
+
+def test_a_changed_last_digit_of_a_quoted_number_mostly_fails_the_check():
+    caught, passed = changed_digits()
+    assert len(caught) + len(passed) >= CHECKED_AT_LEAST
+    share = len(caught) / (len(caught) + len(passed))
+    assert share >= CAUGHT_AT_LEAST, (
+        f"caught {len(caught)} of {len(caught) + len(passed)}; passed: {passed[:20]}"
+    )
+
+
+def test_a_changed_digit_of_an_interval_or_its_bounds_always_fails_the_check():
+    """An interval (``1.64x [1.57, 1.70]``, or its bounds ``0.853-0.937``) is read as one cell's or one
+    line's, so no changed digit of it passes."""
+    passed = [name for name in changed_digits()[1] if re.search(r"\[|\d-\d", name.split(" ", 1)[1])]
+    assert not passed, passed
 
 
 # -- the machine a number belongs to -----------------------------------------------------------------
