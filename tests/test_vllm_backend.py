@@ -597,7 +597,7 @@ def test_an_eagle3_head_on_a_served_target_runs_in_vllms_eagle3_from_one_export(
         "method": "eagle",
         "target": "served",
         "drafter": "head",
-        "params": {"depth": 3},
+        "params": {"depth": 3, "branch": 1, "frontier": 1},
     }
     recipe["methods"] = [tiny_recipes.ar(target="ours"), tiny_recipes.ar("vllm-ar", "served"), eagle]
     recipe["models"].pop("lookup")
@@ -650,7 +650,7 @@ def test_an_eagle3_head_for_another_target_is_refused_before_a_served_row(stub_e
         "method": "eagle",
         "target": "served",
         "drafter": "head",
-        "params": {"depth": 3},
+        "params": {"depth": 3, "branch": 1, "frontier": 1},
     }
     recipe["methods"] = [tiny_recipes.ar(target="ours"), eagle]
     recipe["models"].pop("lookup")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 
 import pandas as pd
@@ -191,3 +192,6 @@ def test_specbenchs_eagle3_head_in_vllm_commits_what_our_loop_commits(vllm_here,
     assert per_pass["ours"] > 1.3, per_pass  # the head drafts, and is right often
     assert abs(per_pass["vllm"] - per_pass["ours"]) <= 0.02 * per_pass["ours"], per_pass
     assert not _workers_left()
+    # the export this run wrote into the specbench cache (by the head's digest) is this test's own
+    environment = json.loads((tmp_path / "out" / "environment.json").read_text())
+    shutil.rmtree(environment["models"]["served_head"]["checkpoint"]["export"])
