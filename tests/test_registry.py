@@ -282,7 +282,17 @@ def test_every_kind_is_one_registry_in_its_order():
     assert list(TASKS) == sorted(TASKS) and "gsm8k_fewshot" in TASKS
     assert list(PAPERS) == ["cs-drafting-table2", "cs-drafting-table3", "spec-cascades-table2", "specdecpp"]
     assert list(FIGURES) == ["acceptance", "load", "curves", "specdecpp"]  # the order of --figure all
-    assert list(TRAINERS) == ["small", "base", "micro", "mini", "medusa", "eagle", "eagle3", "exit"]
+    assert list(TRAINERS) == [
+        "small",
+        "base",
+        "micro",
+        "mini",
+        "medusa",
+        "eagle",
+        "eagle3",
+        "exit",
+        "eagle3-layer",
+    ]
 
 
 def test_one_method_is_the_baseline_and_readers_know_its_name():

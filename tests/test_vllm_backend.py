@@ -551,3 +551,109 @@ def test_heads_for_an_engine_get_a_full_vocabulary_vllm_layout(tmp_path):
     assert set(load_file(str(out / "model.safetensors"))) == {"lm_heads.0.weight", "blocks.0.layers.0.bias"}
     assert json.loads((out / "config.json").read_text())["truncated_vocab_size"] == 8
     assert heads.vllm_folder() == out  # written once
+
+
+# -- EAGLE-3 heads in vLLM ------------------------------------------------------------------------
+
+
+def test_an_eagle_chain_with_a_published_eagle3_head_maps_to_vllms_eagle3():
+    from specbench.engines import CellView
+    from specbench.engines.vllm import _speculation
+
+    params = {"depth": 3, "branch": 1, "frontier": 1, "nodes": 24}
+    chain = CellView("eagle", params, "h", "eagle3", {}, True)
+    assert _speculation(chain) == ({"method": "eagle3", "num_speculative_tokens": 3}, None)
+    tree = CellView("eagle", params | {"branch": 2}, "h", "eagle3", {}, True)
+    assert _speculation(tree)[1][0] == "params.branch"
+
+
+def _eagle3_head(tmp_path, seed: int = 1):
+    """A random EAGLE-3 head in the EAGLE layout for the stand-in's 2-layer model (aux layers 0, 1)."""
+    from types import SimpleNamespace
+
+    from test_eagle3_layouts import head_tensors, write_head
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tmp_path / "model")
+    target = SimpleNamespace(config=config)
+    tensors = head_tensors(target, range(0, config.vocab_size, 3), seed=seed)
+    tensors["fc.weight"] = tensors["fc.weight"][:, : 2 * config.hidden_size].contiguous()
+    folder = tmp_path / f"head-{seed}"
+    return write_head(folder, "eagle", target, tensors, eagle_aux_hidden_state_layer_ids=[0, 1])
+
+
+def test_an_eagle3_head_on_a_served_target_runs_in_vllms_eagle3_from_one_export(stub_engine, monkeypatch):
+    import torch
+
+    from specbench.drafters import head_layouts
+
+    tmp_path = stub_engine
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    folder = _eagle3_head(tmp_path)
+    recipe = _recipe(tmp_path)
+    recipe["models"]["head"] = {"source": f"eagle3:{folder}", "options": {"of": "served"}}
+    eagle = {
+        "name": "vllm-e3",
+        "method": "eagle",
+        "target": "served",
+        "drafter": "head",
+        "params": {"depth": 3, "branch": 1, "frontier": 1},
+    }
+    recipe["methods"] = [tiny_recipes.ar(target="ours"), tiny_recipes.ar("vllm-ar", "served"), eagle]
+    recipe["models"].pop("lookup")
+    result = _run(tmp_path, recipe)
+    assert result.exit_code == 0, result.output
+    source = head_layouts.read(folder, "head")
+    export = tmp_path / "cache" / "exports" / "eagle3-speculators" / source.digest
+    rows = [r for r in _rows(tmp_path) if r["cell"] == "vllm-e3"]
+    assert len(rows) == 3
+    for row in rows:
+        sent = {"method": "eagle3", "num_speculative_tokens": 3, "model": str(export)}
+        assert row["engine_record"]["speculative_config"] == sent
+        assert row["divergence_class"] == "identical"
+    recorded = json.loads((tmp_path / "out" / "environment.json").read_text())["models"]["head"]
+    assert recorded["checkpoint"]["digest"] == source.digest and recorded["checkpoint"]["aux_layer_ids"] == [
+        0,
+        1,
+    ]
+    exported = head_layouts.read(export, "export")
+    assert exported.layout == "speculators" and exported.aux_layer_ids == (0, 1)
+    assert not exported.norm_before_residual
+    assert set(exported.tensors) == set(source.tensors)
+    assert all(torch.equal(exported.tensors[name], tensor) for name, tensor in source.tensors.items())
+    written = (export / "model.safetensors").stat().st_mtime_ns
+    shutil.rmtree(tmp_path / "out")
+    assert _run(tmp_path, recipe).exit_code == 0
+    assert (export / "model.safetensors").stat().st_mtime_ns == written  # exported once
+    # another head at another place: another digest, so another export and another engine setting
+    recipe["models"]["head"]["source"] = f"eagle3:{_eagle3_head(tmp_path, seed=2)}"
+    shutil.rmtree(tmp_path / "out")
+    assert _run(tmp_path, recipe).exit_code == 0
+    models = {
+        r["engine_record"]["speculative_config"]["model"] for r in _rows(tmp_path) if r["cell"] == "vllm-e3"
+    }
+    assert len(models) == 1 and models != {str(export)}
+    assert len(list((tmp_path / "cache" / "exports" / "eagle3-speculators").iterdir())) == 2
+    assert _no_engine_left(tmp_path)
+
+
+def test_an_eagle3_head_for_another_target_is_refused_before_a_served_row(stub_engine, monkeypatch):
+    tmp_path = stub_engine
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    folder = _eagle3_head(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"eagle_aux_hidden_state_layer_ids": [0, 5]}))
+    recipe = _recipe(tmp_path)
+    recipe["models"]["head"] = {"source": f"eagle3:{folder}", "options": {"of": "served"}}
+    eagle = {
+        "name": "vllm-e3",
+        "method": "eagle",
+        "target": "served",
+        "drafter": "head",
+        "params": {"depth": 3, "branch": 1, "frontier": 1},
+    }
+    recipe["methods"] = [tiny_recipes.ar(target="ours"), eagle]
+    recipe["models"].pop("lookup")
+    result = _run(tmp_path, recipe)
+    assert result.exit_code == 2 and "aux layers [0, 5]" in result.output, result.output
+    assert not (tmp_path / "cache" / "exports").exists()

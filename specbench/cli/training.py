@@ -25,7 +25,8 @@ def distill(
         "one decoder layer on the target's features, also saved in vLLM's eagle layout; recipes name it "
         "eagle:<target>/eagle), eagle3 (the same head reading EAGLE-3's fusion of the target's low, middle "
         "and high layers, RMS-normalised, trained on the token loss alone; eagle:<target>/eagle3, no vLLM "
-        "layout). Repeat "
+        "layout), eagle3-layer (EAGLE-3's own layer, trained with its training-time test and saved in the "
+        "speculators layout vLLM loads; recipes name it eagle3:<target>/eagle3-layer). Repeat "
         "the option for several.",
     ),
     data_dir: Path = typer.Option(
@@ -42,7 +43,7 @@ def distill(
         None,
         min=0.01,
         help="Training epochs (default per size: small 3, base 2, micro 6, mini 6, exit 1, medusa 2, "
-        "eagle and eagle3 8).",
+        "eagle, eagle3 and eagle3-layer 8).",
     ),
     lr: float = typer.Option(None, min=0.0, help="Peak learning rate (default per size)."),
     seed: int = typer.Option(0, help="Seed of the student's initialisation and batch order."),
@@ -72,7 +73,8 @@ def distill(
         min=1,
         help="EAGLE heads only: steps of EAGLE-3's training-time test (1: teacher-forced features only; "
         "each further step reads the head's own predicted features, as a tree's deeper levels do; "
-        "default 2). A head trained with --unroll N is saved as eagle-unrollN (eagle3-unrollN).",
+        "default 2, eagle3-layer 7). A head trained with --unroll N is saved as eagle-unrollN "
+        "(eagle3-unrollN, eagle3-layer-unrollN).",
     ),
     max_sequence: int = typer.Option(
         None,

@@ -10,9 +10,12 @@ of specbench's, and an engine that dies is a failed cell, not a dead run.
 Cells map to vLLM's ``speculative_config``: ``autoregressive`` to none; ``speculative`` with a
 ``prompt-lookup`` drafter to ``ngram`` (``prompt_lookup_max`` = its ``max_ngram``, ``prompt_lookup_min``
 = 1, ``num_speculative_tokens`` = k); ``speculative`` with a model drafter to ``draft_model`` on the
-drafter's directory. vLLM's n-gram rule is ours (the longest suffix match up to ``max_ngram``, its
-leftmost earlier occurrence, the up-to-k tokens after it) except that it does not shorten a draft to
-the request's remaining budget, so it may score drafts it then discards. Rules that differ: vLLM's
+drafter's directory; ``medusa`` and ``eagle`` chains to vLLM's method of the same name on the heads'
+vLLM layout, and an ``eagle`` chain with a published EAGLE-3 head (``eagle3:``) to ``eagle3`` on its
+export in the speculators layout (:mod:`specbench.drafters.eagle3_engine`). vLLM's n-gram rule is
+ours (the longest suffix match up to ``max_ngram``, its leftmost earlier occurrence, the up-to-k
+tokens after it) except that it does not shorten a draft to the request's remaining budget, so it may
+score drafts it then discards. Rules that differ: vLLM's
 draft model scores its full vocabulary (our distilled drafters score their FR-Spec subset); at
 temperature > 0 its drafts are greedy (``draft_sample_method: greedy``) and the rejection test treats
 them as one-hot, not Leviathan et al.'s full-q test.
@@ -92,6 +95,10 @@ PASSED = (  # engine_options that go to vllm.LLM as they are
 
 
 HEADS = {"medusa": "Medusa", "eagle": "EAGLE"}  # our method -> vLLM's method of the same name
+# a drafter source whose heads vLLM runs under another method than ours: published EAGLE-3 heads
+# (eagle3:) draft in our eagle method's loops and in vLLM's eagle3
+HEAD_SOURCES = {"eagle3": "eagle3"}
+LOADS_A_HEAD = (*HEADS, *HEAD_SOURCES.values())  # vLLM's methods whose model is a head's folder
 
 
 def _speculation(cell: CellView) -> tuple[dict | None, Problem]:
@@ -106,7 +113,8 @@ def _speculation(cell: CellView) -> tuple[dict | None, Problem]:
                 f"use branch: 1 and frontier: 1 (our {cell.method} cell with the same params verifies "
                 "that chain)",
             )
-        return {"method": cell.method, "num_speculative_tokens": cell.params["depth"]}, None
+        method = HEAD_SOURCES.get(cell.drafter_kind, cell.method)
+        return {"method": method, "num_speculative_tokens": cell.params["depth"]}, None
     if cell.method != "speculative":
         return None, (
             "method",
@@ -191,7 +199,7 @@ class VLLMTarget(EngineModel):
         spec = dict(spec) if spec else None
         if spec and spec["method"] == "draft_model":
             spec["model"] = _directory_of(getattr(drafter, "model", None), f"models.{drafter.name}.source")
-        if spec and spec["method"] in HEADS:
+        if spec and spec["method"] in LOADS_A_HEAD:
             spec["model"] = str(drafter.vllm_folder())
         return spec
 
@@ -301,7 +309,7 @@ def generation_from_answer(
     }  # the engine's whole step time (drafting included)
     settings = started.get("settings") or {}
     method = (spec or {}).get("method")
-    if method in ("draft_model", *HEADS):
+    if method in ("draft_model", *LOADS_A_HEAD):
         drafting = [d for d, _ in steps if d]
         per_token = method != "medusa"  # a draft model and EAGLE's head: a pass per proposed token
         forwards[drafter or "drafter"] = {

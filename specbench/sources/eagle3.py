@@ -5,8 +5,11 @@ read as it is; an ``org/name`` Hub id from the local Hugging Face cache, or from
 (offline and not cached: one line, at once). Every shape is checked against the target when it loads,
 before any row (hidden size, aux layers, ``fc`` width, vocabulary, ``d2t``), and environment.json
 records the head's layout, digest and aux layers. The options beside ``of`` are the ``eagle:``
-source's: ``cuda_graphs``, ``attn_implementation``, ``step_graph``. A target on a serving engine
-(``engine: vllm``) does not take one yet.
+source's: ``cuda_graphs``, ``attn_implementation``, ``step_graph``. A head trained by ``specbench
+distill --size eagle3-layer`` is found by its name in the specbench cache, ``<target>/<name>``. On a
+target served by vLLM (``engine: vllm``) the engine runs the head (method ``eagle3``) from its export
+in the speculators layout, written once into the specbench cache by the head's digest
+(:mod:`specbench.drafters.eagle3_engine`).
 
     models:
       target: {source: meta-llama/Llama-3.1-8B-Instruct}
@@ -19,6 +22,7 @@ import math
 from pathlib import Path
 
 from specbench.errors import SpecbenchError, expand_home
+from specbench.models import cache
 from specbench.sources import LoadContext, Source
 from specbench.sources import checkpoints as ckpt
 from specbench.sources.eagle import head_options_problem
@@ -35,6 +39,9 @@ def head_folder(source: str, where: str, network: bool = True) -> Path:
     path = expand_home(named, where)
     if path.is_dir():
         return path
+    trained = cache.distilled_dir(named)  # specbench distill --size eagle3-layer
+    if (trained / "config.json").is_file():
+        return trained
     if not ckpt.is_hub_id(named):
         raise SpecbenchError(
             where,
@@ -54,12 +61,11 @@ def _load(context: LoadContext):
             f"{where}.options.of", "a published EAGLE-3 head: no target named", "add of: TARGET"
         )
     served = context.resolve(of) if context.resolve is not None else None
-    if getattr(served, "serving_dtype", None) is not None:
-        raise SpecbenchError(
-            f"{where}.source",
-            f"published EAGLE-3 heads draft in specbench's own loops; {of} runs on a serving engine",
-            f"run {of} with engine: eager or compiled",
-        )
+    if getattr(served, "serving_dtype", None) is not None:  # the engine loads the head itself
+        from specbench.drafters.eagle3_engine import Eagle3HeadForEngine
+
+        folder = head_folder(request.source, f"{where}.source")
+        return Eagle3HeadForEngine(request.name, folder, served, where)
     base = context.base_model(of, "a published EAGLE-3 head")
     chosen = {name: request.opts[name] for name in OPTIONS if name in request.opts}
     folder = head_folder(request.source, f"{where}.source")
