@@ -71,6 +71,9 @@ class Backend:
     attach: Callable[..., Any] | None = None
     # the fields load's requests add to the OpenAI body (the output's token ids asked for)
     load_body: Mapping[str, Any] = field(default_factory=dict)
+    # tokenizer_only(engine_options) -> True where open() takes the source's tokenizer alone
+    # (specbench.sources.tokenizers.Tokenized), never its weights: a server elsewhere holds them
+    tokenizer_only: Callable[[dict], bool] | None = None
 
 
 class EngineModel:
@@ -123,6 +126,20 @@ BACKENDS: Registry[Backend] = Registry("engine", __name__, "BACKEND", modules=_i
 
 # the recipe schema's literal; tests check it equals BACKENDS' keys
 ENGINE_NAMES = ("llama.cpp", "openai", "vllm")
+
+
+def is_remote(engine: str | None) -> bool:
+    """Whether ``engine`` is a server specbench does not start (it holds no memory or process here)."""
+    return engine in ENGINE_NAMES and BACKENDS[engine].attach is not None
+
+
+def audit_model(model):
+    """The model that tells a numerical tie from a mismatch in outputs of ``model``'s weights: specbench's
+    own model itself; an engine model's copy of the weights where it holds one (``engine: openai`` with
+    ``audit_weights``); None where specbench has none (the divergence stays unclassified)."""
+    if isinstance(model, EngineModel):
+        return getattr(model, "audit", None)
+    return model
 
 
 def option_problem(engine: str, options: dict) -> Problem:

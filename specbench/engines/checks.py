@@ -7,10 +7,10 @@ Each check returns None or (field, problem, fix), the field relative to the mode
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 
-from specbench.engines import BACKENDS, ENGINE_NAMES, CellView, Problem, option_problem
-from specbench.sources import source_of
+from specbench.engines import BACKENDS, ENGINE_NAMES, CellView, Problem, is_remote, option_problem
+from specbench.sources import source_of, tokenizer_of
 
 
 def model_problem(source: str, engine: str | None, engine_options: dict) -> Problem:
@@ -60,4 +60,44 @@ def cells_problem(target: str, engine: str | None, cells: Iterable[CellView]) ->
         if problem:
             field, text, fix = problem
             return field, f"{target!r} runs on {engine}: {text}", fix
+    return None
+
+
+def baseline_problem(name: str, models: Mapping, has_ar: Callable[[str], bool]) -> Problem:
+    """``engine_options.baseline`` of model ``name`` (``models``: the recipe's): the AR server its
+    speedups are measured against must be another ``engine: openai`` model of the recipe, with an
+    autoregressive cell and no baseline of its own, and the same tokenizer where the sources tell it
+    (where they do not, the loaded vocabularies are compared before the first row)."""
+    spec = models[name]
+    baseline = spec.engine_options.get("baseline") if spec.engine in ENGINE_NAMES else None
+    if baseline is None:
+        return None
+    field = "engine_options.baseline"
+    if baseline == name or baseline not in models:
+        return (
+            field,
+            f"{baseline!r} is not another model of the recipe",
+            "name the recipe model (engine: openai) of the AR server this one's speedups are over",
+        )
+    other = models[baseline]
+    if not is_remote(other.engine) or other.engine_options.get("baseline"):
+        runs = f"runs on {other.engine or 'specbench'}" if not is_remote(other.engine) else "has a baseline"
+        return (
+            field,
+            f"{baseline!r} {runs}; a baseline is an AR server specbench does not start (engine: openai)",
+            f"give models.{baseline} engine: openai and the AR server's base_url, without a baseline",
+        )
+    if not has_ar(baseline):
+        return (
+            field,
+            f"{baseline!r} has no autoregressive cell to measure speedups against",
+            f"add {{name: {baseline}-ar, method: autoregressive, target: {baseline}}} to methods",
+        )
+    mine, theirs = tokenizer_of(spec.source), tokenizer_of(other.source)
+    if spec.source != other.source and mine and theirs and mine != theirs:
+        return (
+            field,
+            f"{baseline!r} uses the {theirs} tokenizer and {name!r} the {mine} one (tokens of other units)",
+            "pair two servers of one model family (one tokenizer)",
+        )
     return None

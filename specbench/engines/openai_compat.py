@@ -21,6 +21,13 @@ there); every record says which figures came from the server and which could not
 goes down between two scrapes (a restarted server, or another replica behind a balancer) leaves that
 level's figure unknown, in one warning line.
 
+specbench loads the ``source``'s tokenizer alone (:mod:`specbench.sources.tokenizers`), never the
+weights, which the server holds: a remote 70B costs this machine a tokenizer. ``audit_weights: true``
+loads specbench's copy too (the target's ``audit`` model), to tell a numerical tie from a mismatch;
+without it a divergence stays unclassified, and the records say why. ``baseline`` names another
+``engine: openai`` model, the AR server this one's speedups are measured against
+(:meth:`specbench.recipe.Recipe.speedup_over`; checked by :func:`specbench.engines.checks.baseline_problem`).
+
 Under ``specbench run`` a request runs alone and its steps are the server's streamed chunks, checked
 against vLLM's counters (:func:`specbench.engines.vllm.generation_from_answer`, the vLLM backend's own
 accounting); a server that sends no token ids, or several tokens a chunk without vLLM's counters, cannot
@@ -36,6 +43,7 @@ import re
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from urllib.parse import urlsplit
 
 from specbench.engines import Backend, CellView, EngineModel, Problem
@@ -61,7 +69,17 @@ OPTIONS = {
     ),
     "connect_timeout_s": ParamSpec(float, 5.0, "seconds the server may take to answer a probe", 0.1, 600),
     "request_timeout_s": ParamSpec(float, 3600.0, "seconds one request of a run may take", 1),
+    "audit_weights": ParamSpec(
+        bool, False, "load specbench's copy of the weights too, to tell numerical ties from mismatches"
+    ),
+    "baseline": ParamSpec(
+        str, None, "the recipe model (another engine: openai server, autoregressive) speedups are over"
+    ),
 }
+UNCLASSIFIED = (
+    "specbench holds no copy of the server's weights (engine: openai loads its tokenizer alone), so a "
+    "divergence cannot be told a tie; engine_options.audit_weights: true loads one"
+)
 SGLANG_COUNTERS = {"verify_steps": "sglang:spec_verify_calls_total"}
 VLLM_PREFIX = "vllm:spec_decode_"
 VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -247,6 +265,9 @@ class OpenAITarget(EngineModel):
     """A recipe model served by an OpenAI-compatible server specbench did not start: a cell's target."""
 
     engine = ENGINE
+    audit = None  # specbench's copy of the weights (audit_weights), which tells a tie from a mismatch
+    unclassified_why: str | None = None  # why a divergence stays unclassified (no copy of the weights)
+    origin_of_tokenizer: str | None = None
 
     def __init__(
         self, name: str, tokenizer, device, options: dict, params: int, dtype: str, endpoint, model: str
@@ -342,6 +363,9 @@ class OpenAITarget(EngineModel):
             "model": self.directory,
             "api_key_env": self.options.get("api_key_env"),
             "token_ids": self.options.get("token_ids", True),
+            "audit_weights": self.options.get("audit_weights", False),
+            "baseline": self.options.get("baseline"),
+            "tokenizer": self.origin_of_tokenizer,
         }
 
     def describe(self) -> dict:
@@ -367,19 +391,35 @@ def served_model(endpoint: Endpoint, options: dict, where: str) -> str:
     return name
 
 
-def _open(request, served) -> OpenAITarget:
+def _open(request, loaded) -> OpenAITarget:
+    """The target from the source's tokenizer alone (sources.tokenizers.Tokenized), or with
+    ``audit_weights`` from specbench's copy of the weights (sources.Served), kept as its audit model."""
     where = f"models.{request.name}"
     options = dict(request.engine_options)
     endpoint = endpoint_of(options, where)
-    module = served.weights.module
-    params = sum(p.numel() for p in module.parameters())
     name = served_model(endpoint, options, where)
-    target = OpenAITarget(
-        request.name, served.weights.tokenizer, served.device, options, params, served.dtype, endpoint, name
-    )
+    weights = getattr(loaded, "weights", None)
+    if weights is None:
+        from specbench.sources.tokenizers import parameters_of
+
+        tokenizer, params = loaded.tokenizer, parameters_of(loaded.config)
+    else:
+        tokenizer, params = weights.tokenizer, sum(p.numel() for p in weights.module.parameters())
+    device, dtype = loaded.device, loaded.dtype if weights is not None else None  # none: the server's
+    target = OpenAITarget(request.name, tokenizer, device, options, params, dtype, endpoint, name)
+    if weights is None:
+        target.origin_of_tokenizer = loaded.origin
+        target.dtype_reason = "the server computes in its own dtype; specbench loaded its tokenizer alone"
+        target.unclassified_why = UNCLASSIFIED
+        return target
+    from specbench.sources import wrap
+
+    audit = wrap(replace(request, engine="eager", linear="aten"), weights.module.to(loaded.device), tokenizer)
+    audit.origin, audit.dtype_reason = weights.origin, loaded.dtype_reason
+    target.audit, target.origin_of_tokenizer = audit, weights.origin
     target.dtype_reason = (
-        f"the server computes in its own dtype; {served.dtype} is specbench's copy, loaded for the tokenizer "
-        f"({served.dtype_reason})"
+        f"the server computes in its own dtype; {loaded.dtype} is specbench's copy, loaded to tell ties "
+        f"(audit_weights; {loaded.dtype_reason})"
     )
     return target
 
@@ -397,4 +437,5 @@ BACKEND = Backend(
     _available,
     source_problem=_source_problem,
     attach=_attach,
+    tokenizer_only=lambda options: not options.get("audit_weights", False),
 )

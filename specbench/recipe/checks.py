@@ -31,12 +31,18 @@ from specbench.sources import option_problem, source_of
 def check_recipe(recipe: Recipe, path: Path, known_tasks: Collection[str] | None) -> None:
     """Every check across ``recipe`` (its schema already validated), in order; the first problem
     raises a SpecbenchError naming ``path``."""
+
+    def has_ar(name: str) -> bool:
+        return _has_reference(recipe, name)
+
     for name, model in recipe.models.items():
         _check_model(path, name, model)
     _check_linear(path, recipe)
     for index, spec in enumerate(recipe.methods):
         _check_method(recipe, index, spec, f"{path}: methods[{index}]")
     _check_every_model_is_used(recipe, path)
+    for name in recipe.models:  # a server's baseline: another server's AR cell (engine: openai)
+        _raise(f"{path}: models.{name}", engine_checks.baseline_problem(name, recipe.models, has_ar))
     total = sum(math.prod(len(v) for v in spec.grid.values()) for spec in recipe.methods)
     if total > MAX_CELLS:
         raise SpecbenchError(

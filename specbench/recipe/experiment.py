@@ -103,6 +103,12 @@ class Recipe(Strict):
                 return other
         return name
 
+    def speedup_over(self, name: str) -> str:
+        """The model whose AR cell ``name``'s speedups are measured against: the AR server its
+        ``engine_options.baseline`` names (engine: openai), else itself."""
+        spec = self.models[name]
+        return spec.engine_options.get("baseline") or name
+
     def dtype_of(self, name: str) -> str | None:
         """The dtype model ``name`` loads in on this machine (``auto`` resolved, without loading it);
         None for statistical drafters."""

@@ -147,6 +147,9 @@ class Source:
     # gguf(source, where) -> the GGUF file its weights come from (fetched if need be), for an engine that
     # reads GGUF itself (llama.cpp); None: the kind has no such file
     gguf: Callable[[str, str], Path] | None = None
+    # load_tokenizer(context) -> specbench.sources.tokenizers.Tokenizer: the tokenizer (and config) alone,
+    # never the weights, for a model a server elsewhere holds (engine: openai); None: the kind cannot
+    load_tokenizer: Callable[[LoadContext], Any] | None = None
 
 
 def _recognition_order(source: Source) -> tuple[int, str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from specbench.errors import SpecbenchError
 from specbench.models import cache
 from specbench.models.options import LOADER_OPTIONS
-from specbench.sources import LoadContext, Source, Weights
+from specbench.sources import LoadContext, Source, Weights, tokenizers
 from specbench.sources import checkpoints as ckpt
 
 KNOWN_ALIASES = (
@@ -102,4 +102,5 @@ SOURCE = Source(
     facts=_facts,
     options=LOADER_OPTIONS,
     order=100,
+    load_tokenizer=tokenizers.of_hub,
 )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from specbench.errors import SpecbenchError, expand_home
 from specbench.models.options import LOADER_OPTIONS
-from specbench.sources import LoadContext, Source, Weights
+from specbench.sources import LoadContext, Source, Weights, tokenizers
 from specbench.sources import checkpoints as ckpt
 
 
@@ -58,4 +58,5 @@ SOURCE = Source(
     options=LOADER_OPTIONS,
     order=70,
     gguf=lambda source, where: gguf_in(expand_home(source, where), source, where),
+    load_tokenizer=tokenizers.of_folder,
 )

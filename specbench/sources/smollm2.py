@@ -14,7 +14,7 @@ from pathlib import Path
 from specbench.errors import SpecbenchError
 from specbench.models import cache
 from specbench.models.options import LOADER_OPTIONS
-from specbench.sources import LoadContext, Source, Weights, hub
+from specbench.sources import LoadContext, Source, Weights, hub, tokenizers
 from specbench.sources import checkpoints as ckpt
 
 ALIAS = "smollm2-135m-instruct"
@@ -100,4 +100,5 @@ SOURCE = Source(
     order=20,
     tokenizer=lambda source: "SmolLM2",
     gguf=lambda source, where: fetch_gguf(),  # the Q4_1 file, whichever weights the loader reads
+    load_tokenizer=tokenizers.of_alias(HUB_ID, lambda: [converted_dir()], lambda where: fetch_gguf()),
 )

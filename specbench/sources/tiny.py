@@ -27,6 +27,18 @@ def _load(context: LoadContext) -> Weights:
     return Weights(model, tokenizer, f"{request.source} (random init, seed {opts.get('seed', 0)})")
 
 
+def _tokenizer(context: LoadContext):
+    """The byte tokenizer and the configuration, the model built on the meta device (no weights)."""
+    import torch
+
+    from specbench.models.tiny import build_tiny
+    from specbench.sources.tokenizers import Tokenizer
+
+    with torch.device("meta"):
+        model, tokenizer = build_tiny(context.request.source, **context.request.opts)
+    return Tokenizer(tokenizer, model.config, f"{context.request.source} (tokenizer only)")
+
+
 def _facts(name, models, dtype):
     import torch
 
@@ -70,4 +82,5 @@ SOURCE = Source(
     order=10,
     fixed_weights=True,
     dtype_rule="float32",
+    load_tokenizer=_tokenizer,
 )

@@ -49,10 +49,17 @@ class Reference:
 
 class Auditor:
     """A target's references by kind and prompt index, and the model that classifies a divergence
-    (specbench's copy of the weights; None where it has none of the server's weights)."""
+    (specbench's copy of the weights; None where it has none of the server's weights, ``why`` saying
+    so in the level's ``eq_note`` when a divergence stays unclassified)."""
 
-    def __init__(self, prompts: list[list[int]], references: dict[str, dict[int, Reference]], scorer=None):
-        self.prompts, self.references, self.scorer = prompts, references, scorer
+    def __init__(
+        self,
+        prompts: list[list[int]],
+        references: dict[str, dict[int, Reference]],
+        scorer=None,
+        why: str | None = None,
+    ):
+        self.prompts, self.references, self.scorer, self.why = prompts, references, scorer, why
         self._classes: dict[tuple, str] = {}  # a divergence's class, by (kind, prompt, where, token)
 
     def classify(self, kind: str, index: int, output: list[int] | None) -> str | None:
@@ -99,6 +106,8 @@ class Auditor:
         for kind in REFERENCES:
             if not self.references.get(kind):
                 counts |= {column(kind, count): math.nan for count in COUNTS}
+        unclassified = any(counts[column(kind, "unclassified")] > 0 for kind in REFERENCES)  # NaN > 0: False
+        counts["eq_note"] = f"unclassified: {self.why}" if unclassified and self.why else None
         return counts
 
 
@@ -143,7 +152,9 @@ def flag(row: dict, label: str) -> str | None:
             parts.append(f"{count} of {checked} differ from {name}")
     if not parts:
         return None
+    note = row.get("eq_note")
+    why = f"; {note}" if isinstance(note, str) and note.startswith("unclassified") else ""
     return (
         f"! {label}: outputs under load are not the outputs alone: {'; '.join(parts)} (mismatches or "
-        "unclassified divergences; load_requests.jsonl marks each request's class)"
+        f"unclassified divergences; load_requests.jsonl marks each request's class{why})"
     )

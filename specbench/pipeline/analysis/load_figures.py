@@ -333,9 +333,14 @@ def level_summary(
 
 
 def reference_cells(rows: list[dict]) -> dict[str, str]:
-    """Cell -> the AR cell of the same target in a sweep's rows (its load baseline; '' without one)."""
+    """Cell -> the AR cell of the same target in a sweep's rows, or of the server its
+    ``speedup_over`` names (engine_options.baseline; its load baseline; '' without one)."""
     ar = {r["target"]: r["cell"] for r in rows if r.get("method") == BASELINE}
-    return {r["cell"]: ar.get(r.get("target"), "") for r in rows}
+    over = {r["cell"]: r.get("speedup_over") for r in rows}
+    return {
+        r["cell"]: ar.get(over[r["cell"]] if isinstance(over[r["cell"]], str) else r.get("target"), "")
+        for r in rows
+    }
 
 
 def sweep_summary(directory: Path, resamples: int = BOOTSTRAP_RESAMPLES) -> list[dict]:

@@ -61,6 +61,7 @@ def summarise_cell(rows: list[dict]) -> dict:
         "method_name": first["method_name"],
         "method": first["method"],
         "target": target,
+        "speedup_over": first.get("speedup_over") or target,  # whose AR cell (engine_options.baseline)
         "drafter": "+".join(drafters),  # a cascade reads "d1+d2+mag"
         **{k: v for k, v in first["params"].items()},
         "params": json.dumps(first["params"], sort_keys=True),
@@ -284,8 +285,9 @@ def summarise(rows: list[dict], machine: str | None = None) -> pd.DataFrame:
         return table
     table["machine"] = [key[2] for key in groups]
     ar_cells = table[table["method"] == BASELINE].set_index(["dataset", "target", "machine"])
+    ar_speed = ar_cells["tokens_per_s"]
     table["speedup_vs_ar"] = [
-        row.tokens_per_s / ar_cells["tokens_per_s"].get((row.dataset, row.target, row.machine), math.nan)
+        row.tokens_per_s / ar_speed.get((row.dataset, row.speedup_over, row.machine), math.nan)
         for row in table.itertuples()
     ]
     # an engine's or the compiled loop's cells beside specbench's eager AR of the same dataset
@@ -337,16 +339,16 @@ def _speedup_intervals(groups: list[list[dict]], machine: str | None) -> list[tu
     """Per cell, the paired bootstrap interval of its tokens/s over the AR cell's (same dataset, target
     and machine), on the examples both ran, resampled together; NaN without an AR cell or a time."""
 
-    def where(rows):
-        return rows[0]["dataset"], rows[0]["target"], _machine(rows[0], machine)
+    def where(rows, target):
+        return rows[0]["dataset"], target, _machine(rows[0], machine)
 
     ar = {}
     for rows in groups:
         if rows[0]["method"] == BASELINE:
-            ar.setdefault(where(rows), rows)
+            ar.setdefault(where(rows, rows[0]["target"]), rows)
     intervals = []
-    for rows in groups:
-        reference = ar.get(where(rows), [])
+    for rows in groups:  # over the AR of the server engine_options.baseline names, else its own target's
+        reference = ar.get(where(rows, rows[0].get("speedup_over") or rows[0]["target"]), [])
         by_id = {r["example_id"]: r for r in reference if r.get("example_id") is not None}
         pairs = [(r, by_id[r["example_id"]]) for r in rows if r.get("example_id") in by_id]
         if any(r.get("replayed") or b.get("replayed") for r, b in pairs):

@@ -28,7 +28,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from specbench.engines import EngineModel
+from specbench.engines import audit_model
 from specbench.engines.load_client import Requests, closed_loop
 from specbench.errors import SpecbenchError
 from specbench.pipeline.analysis.load_equivalence import Auditor, Reference
@@ -37,6 +37,7 @@ from specbench.pipeline.records.results import EXAMPLES, read_examples
 from specbench.recipe import Recipe
 
 REFERENCE_FILE = "load_reference.jsonl"
+NO_COPY = "specbench decodes no model of the engine's weights itself, so a divergence cannot be told a tie"
 
 
 @dataclass(frozen=True)
@@ -88,10 +89,10 @@ def auditors(recipe, measurer, out: Path, cells, prompts: dict, run_dir: Path | 
         target = measurer.model(cell.target)
         engine = engine_reference(recipe, measurer, out, cell, target, prompts[cell.target], console)
         ours = ours_reference(recipe, measurer, cell, prompts[cell.target], run_dir, console)
-        scorer = measurer.model(recipe.reference_model(cell.target))
-        scorer = None if isinstance(scorer, EngineModel) else scorer
+        scorer = audit_model(measurer.model(recipe.reference_model(cell.target)))
+        why = None if scorer is not None else getattr(target, "unclassified_why", None) or NO_COPY
         references = {"engine": engine} | ({"ours": ours} if ours else {})
-        found[cell.target] = Auditor(prompts[cell.target].ids, references, scorer)
+        found[cell.target] = Auditor(prompts[cell.target].ids, references, scorer, why)
     return found
 
 

@@ -269,6 +269,7 @@ def _measure(
         slo_ttft_s=load.slo_ttft_s,
         slo_tpot_s=load.slo_tpot_s,
         target=cell.target,
+        speedup_over=recipe.speedup_over(cell.target),
         method=cell.method,
         engine=target.engine,
         machine=measurer.machine.id,
@@ -281,7 +282,7 @@ def _measure(
         token_ids=sum(1 for r in records if r["output_ids"] is not None),
     )
     why = why_unchecked(recipe) or (None if audit else "not checked: no reference")
-    row.update(load_equivalence.unchecked(why) if why else {**audit.audit(records), "eq_note": None})
+    row.update(load_equivalence.unchecked(why) if why else {"eq_note": None, **audit.audit(records)})
     meta = {"cell": cell.id, "level": level.label(), "repeat": repeat}
     append_requests(out, key, [{**meta, **record} for record in records])
     timeouts = f", {row['timeouts']} timed out" if row["timeouts"] else ""
@@ -421,7 +422,8 @@ def _check_levels_free(out: Path, rows: list[dict], plan: Plan, key) -> None:
 
 
 def _ar_cells(recipe: Recipe) -> dict[str, str]:
-    """Engine cell -> the engine AR cell of the same target (its load baseline)."""
+    """Engine cell -> the engine AR cell of the same target, or of the server its engine_options.baseline
+    names (its load baseline)."""
     cells = engine_cells(recipe)
     ar = {c.target: c.id for c in cells if c.method == BASELINE}
-    return {c.id: ar.get(c.target, "") for c in cells}
+    return {c.id: ar.get(recipe.speedup_over(c.target), "") for c in cells}

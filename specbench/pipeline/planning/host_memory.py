@@ -6,15 +6,17 @@ The bill: every model specbench itself loads (weights + KV cache, the plan's foo
 target served by an engine (``engine: vllm``), one engine per speculative setting its cells ask for, up
 to the engine's ``max_engines`` kept at once (4 on a CPU), each holding the target's weights, its KV
 cache (``kv_cache_gib``), a model drafter's weights where the setting drafts with one, and
-:data:`ENGINE_RUNTIME` for the engine's own process. An estimate, stated as one: allocator slack, page
-cache and the engine's compile caches come on top.
+:data:`ENGINE_RUNTIME` for the engine's own process. A server specbench does not start (``engine:
+openai``) holds nothing here: it is listed as remote and not billed (specbench loads its tokenizer
+alone; with ``audit_weights`` its copy of the weights is billed as specbench's own). An estimate, stated
+as one: allocator slack, page cache and the engine's compile caches come on top.
 """
 
 from __future__ import annotations
 
 import json
 
-from specbench.engines import ENGINE_NAMES
+from specbench.engines import ENGINE_NAMES, is_remote
 from specbench.methods import BASELINE
 from specbench.models.memory_pressure import available_bytes
 from specbench.pipeline.planning.placement import GiB
@@ -28,9 +30,13 @@ def host_memory(recipe, models: list[dict], available: int | None = None) -> dic
     ``models``: the plan's model entries (name, weight_bytes, footprint_bytes)."""
     by_name = {m["name"]: m for m in models}
     own = sum(m["footprint_bytes"] for m in models if recipe.models[m["name"]].engine not in ENGINE_NAMES)
+    own += sum(m["footprint_bytes"] for m in models if is_remote(recipe.models[m["name"]].engine))
     engines = []
     for name, spec in recipe.models.items():
         if spec.engine not in ENGINE_NAMES:
+            continue
+        if is_remote(spec.engine):
+            engines.append({"model": name, "engine": spec.engine, "remote": True, "bytes": 0})
             continue
         settings: dict[str, int] = {}
         for cell in recipe.cells():

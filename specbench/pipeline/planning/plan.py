@@ -37,7 +37,8 @@ from pathlib import Path
 import yaml
 
 from specbench import sources
-from specbench.engines import ENGINE_NAMES
+from specbench.engines import ENGINE_NAMES, is_remote
+from specbench.errors import SpecbenchError
 from specbench.methods import BASELINE, METHODS, TARGET
 from specbench.pipeline.planning import placement
 from specbench.pipeline.planning.host_memory import host_memory
@@ -153,13 +154,15 @@ def build_plan(
     for name, spec in recipe.models.items():  # an early exit or heads run in their base model's dtype
         if sources.source_of(spec.source).dtype_rule is None and spec.options.get("of") in dtypes:
             dtypes[name] = dtypes[spec.options["of"]]
-    facts = {name: sources.model_facts(name, recipe.models, dtypes[name]) for name in recipe.models}
+    facts = {name: _facts(recipe, name, dtypes[name]) for name in recipe.models}
     models = []
     for name, fact in facts.items():
         kv = fact.kv_bytes_per_token * sequence
         if recipe.models[name].engine in ENGINE_NAMES:  # a serving engine reserves its KV cache up front
             kv = int(recipe.models[name].engine_options.get("kv_cache_gib", 2) * 2**30)
         footprint = math.ceil((fact.weight_bytes + kv) * (1 + hardware.margin))
+        if _remote_only(recipe.models[name]):  # a server elsewhere: nothing of it is held here
+            kv = footprint = 0
         models.append(fact.as_dict() | {"kv_bytes": kv, "footprint_bytes": footprint})
     placed = None
     if gpu_planned:
@@ -206,6 +209,25 @@ def build_plan(
             "gpu_hours": hours * gpus_used if gpus_used else None,
         },
     }
+
+
+def _remote_only(spec) -> bool:
+    """A model served elsewhere whose weights specbench does not load (engine: openai without
+    audit_weights; with it, its copy is specbench's own, billed as any model)."""
+    return is_remote(spec.engine) and not spec.engine_options.get("audit_weights")
+
+
+def _facts(recipe, name: str, dtype: str):
+    """The model's size facts; a remote model's, where none can be had here, are zero (never billed)."""
+    try:
+        return sources.model_facts(name, recipe.models, dtype)
+    except SpecbenchError:
+        if not _remote_only(recipe.models[name]):
+            raise
+        from specbench.models.facts import ModelFacts
+
+        spec = recipe.models[name]
+        return ModelFacts(name, spec.source, "remote: not billed (no config here)", dtype, None, 0, 0)
 
 
 def dataset_shapes(recipe, previous: Previous | None, limit: int | None = None) -> list[dict]:
@@ -427,7 +449,7 @@ def probe(recipe, passes: int = 8) -> dict[str, float]:
     order = sorted(recipe.models, key=lambda n: sources.source_of(recipe.models[n].source).dtype_rule is None)
     for name in order:
         spec = recipe.models[name]
-        if not sources.source_of(spec.source).neural:
+        if not sources.source_of(spec.source).neural or is_remote(spec.engine):  # a remote pass: not ours
             continue
         request = sources.ModelRequest(
             name, spec.source, spec.dtype, spec.device, spec.revision, tuple(sorted(spec.options.items()))

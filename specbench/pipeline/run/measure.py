@@ -33,7 +33,7 @@ from rich.console import Console
 
 from specbench import sources
 from specbench.decoding.generation import Generation, first_difference
-from specbench.engines import BACKENDS, ENGINE_NAMES, EngineModel, sampling_audit
+from specbench.engines import BACKENDS, ENGINE_NAMES, EngineModel, audit_model, sampling_audit
 from specbench.errors import SpecbenchError
 from specbench.methods import METHODS, Request
 from specbench.models import memory_pressure
@@ -50,6 +50,7 @@ from specbench.pipeline.run.datasets import DatasetRun
 from specbench.pipeline.run.environment import gpu_sample, now, peak_memory_mb, reset_peak_memory
 from specbench.pipeline.run.keys import ResolvedCell, RowKeys, content_hash
 from specbench.recipe import Cell, Recipe, engine_cell_view
+from specbench.sources.tokenizers import Tokenized, load_tokenizer
 from specbench.tasks import Example, render_turn
 
 
@@ -71,6 +72,15 @@ def model_request(recipe: Recipe, name: str, linear: str | None = None) -> sourc
         tuple(sorted(spec.engine_options.items())),
         linear or recipe.linear_of(name),  # a resume's: the library its first session chose
     )
+
+
+def tokenizer_only(request: sources.ModelRequest) -> bool:
+    """Whether the request's engine takes the source's tokenizer alone (engine: openai, its weights on a
+    server elsewhere, unless audit_weights asks for specbench's copy)."""
+    if request.engine not in ENGINE_NAMES:
+        return False
+    wants = BACKENDS[request.engine].tokenizer_only
+    return wants is not None and wants(dict(request.engine_options))
 
 
 def drafter_names(cell: Cell) -> tuple[str, ...]:
@@ -129,8 +139,11 @@ class Measurer(RowKeys):
             with self.console.status(f"loading model {name} ({self.recipe.models[name].source})"):
                 with self._blame(f"models.{name}"):
                     request = model_request(self.recipe, name, self.linear_kept.get(name))
-                    loaded = sources.load(request, self.model)
-                    if isinstance(loaded, sources.Served):  # the engine's process loads the weights
+                    if tokenizer_only(request):  # a server elsewhere holds the weights: never loaded here
+                        loaded = load_tokenizer(request)
+                    else:
+                        loaded = sources.load(request, self.model)
+                    if isinstance(loaded, sources.Served | Tokenized):  # the engine holds the weights
                         loaded = BACKENDS[request.engine].open(request, loaded)
                     self.models[name] = loaded
         return self.models[name]
@@ -168,6 +181,13 @@ class Measurer(RowKeys):
             )
         for name in drafter_names(cell):
             self._check_vocab(cell, name, target, self.model(name))
+        over = self.recipe.speedup_over(cell.target)
+        if over != cell.target and self.model(over).tokenizer.get_vocab() != target.tokenizer.get_vocab():
+            raise SpecbenchError(
+                f"{self.recipe.path}: models.{cell.target}.engine_options.baseline",
+                f"{over!r} does not share {cell.target!r}'s tokenizer (their tokens are other units)",
+                "pair two servers of one model (one tokenizer)",
+            )
 
     def check_context(self, dataset: DatasetRun, cell: Cell) -> None:
         """Every prompt of ``dataset`` plus its output budget fits the target's context (its
@@ -447,8 +467,10 @@ class Measurer(RowKeys):
             replay=replay,
         )
         row["machine"] = self.machine.id
+        if self.recipe.speedup_over(cell.target) != cell.target:  # another server's AR is its baseline
+            row["speedup_over"] = self.recipe.speedup_over(cell.target)
         if reference:  # a tie or a mismatch (numerics.py); the target's counters are left as they were
-            scorer = self.model(self.recipe.reference_model(cell.target))  # an engine's is ours
+            scorer = audit_model(self.model(self.recipe.reference_model(cell.target)))  # an engine's is ours
             row.update(
                 divergence_fields(
                     scorer,
@@ -457,7 +479,7 @@ class Measurer(RowKeys):
                     generation.tokens,
                     first,
                     # an engine without a specbench twin has no model here to tell a tie apart
-                    single_turn=not example.turns and not isinstance(scorer, EngineModel),
+                    single_turn=not example.turns and scorer is not None,
                 )
             )
         return row

@@ -108,8 +108,10 @@ def _host_memory(bill: dict | None) -> list[str]:
     if not bill:
         return []
     engines = "".join(
-        f" + {e['kept']} kept-alive {e['engine']} engine(s) of {e['model']} ({e['settings']} speculative "
-        f"settings) {show_bytes(e['bytes'])}"
+        f" + {e['model']} ({e['engine']}) remote: not billed"
+        if e.get("remote")
+        else f" + {e['kept']} kept-alive {e['engine']} engine(s) of {e['model']} ({e['settings']} "
+        f"speculative settings) {show_bytes(e['bytes'])}"
         for e in bill["engines"]
     )
     needed = (
