@@ -37,12 +37,13 @@ from specbench.engines import BACKENDS, ENGINE_NAMES, EngineModel
 from specbench.engines.load import (
     LOAD_CSV,
     LOAD_SUMMARY,
+    SIGNED,
     SPEC_COUNTERS,
     Server,
+    adopt,
     append_requests,
     free_port,
     level_of,
-    prune_requests,
     read_load,
     write_load,
 )
@@ -59,7 +60,7 @@ from specbench.engines.load_client import (
 )
 from specbench.errors import SpecbenchError
 from specbench.methods import BASELINE
-from specbench.models.cache import write_atomic
+from specbench.models.checksums import write_signed_csv
 from specbench.pipeline.analysis.load_figures import speedups, summarize, sweep_summary
 from specbench.pipeline.records.results import EXAMPLES, read_environment
 from specbench.pipeline.run.environment import now, write_environment
@@ -130,6 +131,7 @@ def run_load(recipe: Recipe, out: Path, console: Console, resume: bool = False) 
     _check_levels_free(out, rows, plan, key)
     if not plan:  # a resume with nothing left measures nothing
         if rows:
+            adopt(out, done)  # its checksums first (a sweep from before them), then the summary's
             write_summary(out)
         return out
     console.print(size_line(recipe, plan))
@@ -141,8 +143,8 @@ def run_load(recipe: Recipe, out: Path, console: Console, resume: bool = False) 
             str(out), f"cannot be written ({error.strerror or error})", "choose a writable -o"
         ) from None
     session = now()
+    adopt(out, done)  # checksums, before the session's record; lines without a complete row go
     _write_environment(out, recipe, measurer, session, ended=False)  # before the first server
-    prune_requests(out, done)  # the lines of levels interrupted before their row, and of incomplete rows
     prompts: dict[str, tuple] = {}
     for repeat, cell, todo in plan:
         measurer.check_cell(cell)
@@ -335,7 +337,7 @@ def write_summary(out: Path) -> Path:
     import pandas as pd
 
     path = Path(out) / LOAD_SUMMARY
-    write_atomic(path, pd.DataFrame(sweep_summary(out)).to_csv(index=False))
+    write_signed_csv(path, pd.DataFrame(sweep_summary(out)).to_csv(index=False), SIGNED)
     return path
 
 
@@ -348,16 +350,12 @@ def _settings(recipe: Recipe) -> dict:
 def _write_environment(out: Path, recipe: Recipe, measurer: Measurer, started: str, ended: bool) -> None:
     """environment.json, as `run` writes it (versions, machine, models), bound to the recipe's digest
     and the load: settings: what a resume must match."""
+    rows = 0  # a sweep writes no rows into examples.jsonl
     write_environment(
-        out,
-        recipe,
-        measurer.models,
-        started,
-        0,  # a sweep writes no rows into examples.jsonl
-        ended,
-        measurer.gpu_samples,
+        *(out, recipe, measurer.models, started, rows, ended, measurer.gpu_samples),
         recipe_identity=recipe.identity(),
         extra={LOAD_SETTINGS: _settings(recipe)},
+        command="load",
     )
 
 
@@ -470,9 +468,7 @@ def _check_open_files(recipe: Recipe, plan: Plan) -> None:
 def _duration(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def _ar_cells(recipe: Recipe) -> dict[str, str]:
