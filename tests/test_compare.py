@@ -3,6 +3,7 @@ the summary from synthetic rows (and one from before the interval columns), with
 
 from __future__ import annotations
 
+import json
 from io import StringIO
 from pathlib import Path
 
@@ -222,3 +223,32 @@ def test_a_run_measured_beside_other_work_is_flagged_under_the_comparison(tmp_pa
     text = " ".join(result.output.split())
     assert text.count("other processes used more than") == 1
     assert "busy: ! 2 cell(s) (arithmetic/test ar" in text
+
+
+def test_the_same_example_ids_with_other_gold_answers_or_prompt_texts_are_another_experiment(tmp_path: Path):
+    """Example ids alone do not make the same experiment: the gold answers the rows were scored against
+    count, and so do the prompts' tokens, not only their number (issue 58)."""
+
+    def with_rows(name: str, rows: list[dict]) -> str:
+        data = tmp_path / f"{name}.jsonl"
+        data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        return RECIPE.replace(
+            "{task: arithmetic, limit: 3}", f"{{task: arithmetic, limit: 2, data_files: {data}}}"
+        )
+
+    rows = [
+        {"id": "q1", "question": "What is 1 + 2?", "answer": "3"},
+        {"id": "q2", "question": "What is 3 + 4?", "answer": "7"},
+    ]
+    a = _measured(tmp_path, "a", with_rows("a", rows))
+    gold = [{**rows[0], "answer": "4"}, rows[1]]
+    swapped = [{**rows[0], "question": "What is 2 + 1?"}, rows[1]]  # the same tokens, in another order
+    for name, changed, aspect in (("gold", gold, "examples"), ("texts", swapped, "prompt texts")):
+        b = _measured(tmp_path, name, with_rows(name, changed))
+        lengths = {
+            path.name: sorted(json.loads(line)["prompt_tokens"] for line in (path / "examples.jsonl").open())
+            for path in (a, b)
+        }
+        assert lengths[a.name] == lengths[b.name]  # the counts alone would call them the same
+        refused = runner.invoke(app, ["compare", str(a), str(b)])
+        assert refused.exit_code == 2 and f"its {aspect} differ" in refused.output, refused.output

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from specbench.cli import app
 from specbench.errors import SpecbenchError
 from specbench.models import facts
+from specbench.models.checksums import CHECKSUM, row_checksum
 from specbench.pipeline.planning import placement, plan
 from specbench.recipe import load_recipe, parse_recipe
 from specbench.sources import source_of
@@ -124,7 +125,8 @@ def _previous_run(directory: Path) -> Path:
         }
         for i in (1, 2)
     ]
-    (directory / "examples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    signed = [{**r, CHECKSUM: row_checksum(r)} for r in rows]  # as a run writes them (resolved_recipe.yaml)
+    (directory / "examples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in signed))
     with open(directory / "cells.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, ["dataset", "cell", "target", "drafter", "draft_acceptance_rate"])
         writer.writeheader()

@@ -281,7 +281,7 @@ def test_every_kind_is_one_registry_in_its_order():
     assert list(sources.SOURCES)[0] == "statistical" and list(sources.SOURCES)[-1] == "hub"
     assert list(TASKS) == sorted(TASKS) and "gsm8k_fewshot" in TASKS
     assert list(PAPERS) == ["cs-drafting-table2", "cs-drafting-table3", "spec-cascades-table2", "specdecpp"]
-    assert list(FIGURES) == ["acceptance", "load", "pareto", "curves", "specdecpp"]  # the order of --figure all
+    assert list(FIGURES) == ["acceptance", "load", "pareto", "curves", "specdecpp"]  # --figure all
     assert list(TRAINERS) == [
         "small",
         "base",

@@ -47,14 +47,17 @@ def load(
     spec = load_recipe(recipe, known_tasks=TASKS)
     check_output_dir(output_dir)
     out = run_load(spec, output_dir, err, resume, reference)
+    import io
+
     import pandas as pd
 
-    from specbench.engines.load import LOAD_SUMMARY
+    from specbench.engines.load import LOAD_SUMMARY, read_verified
 
     console = Console()
     if not console.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
         console = Console(width=340)
-    summary = pd.read_csv(out / LOAD_SUMMARY, dtype={"cell": str}).to_dict("records")
+    text = read_verified(out / LOAD_SUMMARY)
+    summary = pd.read_csv(io.StringIO(text), dtype={"cell": str}).to_dict("records")
     console.print(load_table(summary, f"{spec.name} under load ({out})"))
     for line in equivalence_flags(summary):
         console.print(f"[red]{escape(line)}[/red]")

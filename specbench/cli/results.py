@@ -190,12 +190,13 @@ def check(
 ):
     """Whether committed results still are what today's code measures.
 
-    For each run directory (one holding examples.jsonl): its resolved_recipe.yaml must still validate,
+    For each run directory (one holding examples.jsonl; a load sweep's, holding load.csv, has its files
+    checked only): its resolved_recipe.yaml must still validate,
     must key every recorded row as the row is keyed (a method revision, a changed default or model
     entry changes the keys), and its trained drafters and heads must have been trained as the local
     copies were (environment.json records a digest of each one's training). First its files are
-    checked as every reader checks them: a row or cells.csv edited since the run wrote it (or a
-    checksum deleted) is "altered", whatever PROVENANCE.md says. A directory kept on
+    checked as every reader checks them: a row, cells.csv or a sweep's file edited since it was written
+    (or a checksum deleted, even every one) is "altered", whatever PROVENANCE.md says. A directory kept on
     purpose although stale names, in the first line of its PROVENANCE.md, the commit that made it and
     why it stays. Reads only. Exit 1 when a directory is stale without such a declaration, e.g.
     specbench check results/

@@ -12,12 +12,17 @@ and driven by the load client (:mod:`specbench.engines.load_client`) at each lev
   lines without a complete row (a level interrupted between the two) are dropped on reading and
   pruned when a sweep resumes, so a level is never counted twice.
 
+Every row of load.csv and load_summary.csv carries its checksum (a last column ``row_sha``), and so does
+every request line (a field), as a run's rows do (:mod:`specbench.models.checksums`): a reader names a
+row edited since it was written, and a file whose checksums were deleted, by line.
+
 The server is started, waited for and always stopped (an error, Ctrl-C or SIGTERM included):
 :mod:`specbench.engines.process`.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -30,11 +35,25 @@ from pathlib import Path
 from specbench.engines.load_client import CLOSED_LOOP, OPEN_LOOP, Endpoint, Level
 from specbench.engines.process import EngineProcess
 from specbench.errors import SpecbenchError
+from specbench.models.cache import write_atomic
+from specbench.models.checksums import (
+    CHECKSUM,
+    MARKER,
+    RESTORE,
+    load_written_after_checksums,
+    mark,
+    read_marker,
+    row_checksum,
+    sign_csv,
+    verified_csv,
+    write_signed_csv,
+)
 
 LOAD_CSV = "load.csv"
 LOAD_REQUESTS = "load_requests.jsonl"
 LOAD_SUMMARY = "load_summary.csv"
 LOAD_PNG = "load.png"
+SIGNED = "load_sha"  # checksums.json's record that this directory's sweep files carry checksums
 SPEC_COUNTERS = {  # vLLM's; another backend names its own (Backend.load_counters)
     "drafts": "vllm:spec_decode_num_drafts_total",
     "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
@@ -144,7 +163,10 @@ def parse_prometheus(text: str) -> dict[str, float]:
 
 
 def read_load(directory: Path) -> list[dict]:
-    """The rows of ``DIR/load.csv`` ([] where there is none), or a one-line error naming the file."""
+    """The rows of ``DIR/load.csv`` ([] where there is none), or a one-line error naming the file (or
+    the row edited since the sweep wrote it)."""
+    import io
+
     import pandas as pd
 
     path = Path(directory) / LOAD_CSV
@@ -152,7 +174,8 @@ def read_load(directory: Path) -> list[dict]:
         return []
     fix = "restore it, or measure the sweep again into a new -o"
     try:
-        frame = pd.read_csv(path, dtype={"key": str, "machine": str, "cell": str})  # "1e5..." stays a key
+        text = read_verified(path)
+        frame = pd.read_csv(io.StringIO(text), dtype={"key": str, "machine": str, "cell": str})  # "1e5"
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as error:
         first = " ".join(str(error).split())[:100] or type(error).__name__
         raise SpecbenchError(str(path), f"is not a readable CSV ({first})", fix) from None
@@ -169,6 +192,14 @@ def read_load(directory: Path) -> list[dict]:
     return rows
 
 
+def read_verified(path: Path) -> str:
+    """A sweep's CSV (load.csv, load_summary.csv) as written, its checksums checked and taken off."""
+    try:
+        return verified_csv(path, SIGNED, load_written_after_checksums)
+    except OSError as error:
+        raise SpecbenchError(str(path), f"cannot be read ({error.strerror or error})", RESTORE) from None
+
+
 def level_of(row: dict) -> Level:
     """The level a load.csv row measured."""
     rate = row.get("request_rate")
@@ -178,22 +209,27 @@ def level_of(row: dict) -> Level:
 
 
 def write_load(directory: Path, rows: list[dict]) -> Path:
-    """load.csv, replaced atomically (a killed run never leaves half a file)."""
+    """load.csv, each row with its checksum, replaced atomically (a killed run never leaves half a
+    file)."""
     import pandas as pd
 
-    from specbench.models.cache import write_atomic
-
     path = Path(directory) / LOAD_CSV
-    write_atomic(path, pd.DataFrame(rows).to_csv(index=False))
+    write_signed_csv(path, pd.DataFrame(rows).to_csv(index=False), SIGNED)
     return path
 
 
+def _line(key: str, record: dict) -> str:
+    line = {"key": key, **{name: value for name, value in record.items() if name != CHECKSUM}}
+    return json.dumps({**line, CHECKSUM: row_checksum(line)}) + "\n"
+
+
 def append_requests(directory: Path, key: str, records: list[dict]) -> None:
-    """A level's request lines, appended and synced before its load.csv row is written."""
+    """A level's request lines, each with its checksum, appended and synced before its load.csv row is
+    written."""
     path = Path(directory) / LOAD_REQUESTS
     try:
         with path.open("a") as handle:
-            handle.writelines(json.dumps({"key": key, **record}) + "\n" for record in records)
+            handle.writelines(_line(key, record) for record in records)
             handle.flush()
             os.fsync(handle.fileno())
     except OSError as error:
@@ -204,29 +240,70 @@ def append_requests(directory: Path, key: str, records: list[dict]) -> None:
 
 def read_requests(directory: Path, keys: set[str]) -> dict[str, list[dict]]:
     """key -> its requests in the order they were sent, for the rows ``keys`` names; a line of another
-    key (a level interrupted before its row), or one cut short by a kill, is left out."""
+    key (a level interrupted before its row), or one cut short by a kill, is left out. A line of those
+    rows edited since it was written, or without its checksum where the sweep writes them, is a
+    one-line error naming it."""
     path = Path(directory) / LOAD_REQUESTS
     out: dict[str, dict[int, dict]] = {}
     if not path.is_file():
         return {}
+    unsigned = functools.cache(lambda: _unsigned_why(Path(directory)))  # asked once
     with path.open(errors="replace") as handle:
-        for line in handle:
+        for number, line in enumerate(handle, start=1):
             try:
                 record = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(record, dict) and record.get("key") in keys:
-                out.setdefault(record["key"], {})[int(record["index"])] = record  # the last one counts
+            if not isinstance(record, dict) or record.get("key") not in keys:
+                continue
+            signed, written = CHECKSUM in record, record.pop(CHECKSUM, None)
+            if signed and written != row_checksum(record):
+                edited = "was edited after it was written (its checksum differs)"
+                raise SpecbenchError(f"{path}: line {number}", edited, RESTORE)
+            if not signed and unsigned():
+                raise SpecbenchError(
+                    f"{path}: line {number}",
+                    f"has no checksum ({CHECKSUM}), {unsigned()}: it was edited after it was written",
+                    RESTORE,
+                )
+            out.setdefault(record["key"], {})[int(record["index"])] = record  # the last one counts
     return {key: [by[i] for i in sorted(by)] for key, by in out.items()}
 
 
-def prune_requests(directory: Path, keys: set[str]) -> None:
-    """Rewrite load_requests.jsonl with the lines of ``keys`` only (before a resume measures again)."""
-    from specbench.models.cache import write_atomic
+def _unsigned_why(directory: Path) -> str | None:
+    """Why request lines without checksums cannot be from before checksums, or None."""
+    if (read_marker(directory) or {}).get(SIGNED):
+        return f"though this directory writes one into every line ({MARKER})"
+    return load_written_after_checksums(directory, _columns(directory))
 
+
+def _columns(directory: Path) -> list[str]:
+    """load.csv's header ([] where there is none)."""
+    try:
+        with (Path(directory) / LOAD_CSV).open(errors="replace") as handle:
+            return handle.readline().strip().split(",")
+    except OSError:
+        return []
+
+
+def prune_requests(directory: Path, keys: set[str]) -> None:
+    """Rewrite load_requests.jsonl with the lines of ``keys`` only (before a resume measures again),
+    each with its checksum."""
     path = Path(directory) / LOAD_REQUESTS
     if not path.is_file():
         return
     kept = read_requests(directory, keys)
-    lines = [json.dumps(record) + "\n" for key in kept for record in kept[key]]
-    write_atomic(path, "".join(lines))
+    write_atomic(path, "".join(_line(key, record) for key in kept for record in kept[key]))
+
+
+def adopt(directory: Path, keys: set[str]) -> None:
+    """Before a sweep's session is recorded (environment.json): the request lines of ``keys`` and
+    load.csv written again with their checksums (a sweep from before them is adopted as it reads),
+    then checksums.json records that the directory's sweep files carry them. In this order a kill
+    at any point leaves files every reader still accepts."""
+    directory = Path(directory)
+    prune_requests(directory, keys)
+    path = directory / LOAD_CSV
+    if path.is_file():
+        write_atomic(path, sign_csv(read_verified(path)))
+    mark(directory, {SIGNED: True})

@@ -2,8 +2,9 @@
 
 A row carries its checksum (``row_sha``) and cells.csv one beside it (cells.sha256); once a directory has
 written one, checksums.json records that it did, so deleting a row's checksum or cells.sha256 before
-editing is named by every reader (report, a resume, ``specbench check``) like the edit itself. Directories
-written before checksums existed (some committed under results/) read as they always did.
+editing is named by every reader (report, a resume, ``specbench check``) like the edit itself. Deleting
+checksums.json too is named as well: environment.json's sessions say when the rows were written.
+Directories written before checksums existed (some committed under results/) read as they always did.
 """
 
 from __future__ import annotations
@@ -22,13 +23,16 @@ from typer.testing import CliRunner
 from specbench.cli import app
 from specbench.errors import SpecbenchError
 from specbench.models.cache import write_atomic
+from specbench.models.checksums import RUN_CHECKSUMS_SINCE
 from specbench.pipeline.records.results import (
     CELLS,
     CELLS_SHA,
     CHECKSUM,
+    ENVIRONMENT,
     EXAMPLES,
     MARKER,
     REJECTED,
+    RESOLVED_RECIPE,
     ExampleLog,
     read_cells_csv,
 )
@@ -134,13 +138,69 @@ def test_cells_csv_edited_after_its_checksum_was_deleted_is_refused(run: Path, r
     assert (run / CELLS).read_text() == written and (run / CELLS_SHA).is_file() and (run / MARKER).is_file()
 
 
-def test_a_directory_from_before_checksums_reads_as_it_did_and_is_guarded_once_resumed(
-    run: Path, recipe: Path
-):
+def _strip_every_checksum(run: Path) -> list[dict]:
+    """The issue's deletion: checksums.json, every row's checksum and cells.sha256; the rows left."""
     rows = [{key: value for key, value in row.items() if key != CHECKSUM} for row in _lines(run)]
     for name in (MARKER, CELLS_SHA):
         (run / name).unlink()
     _write(run, rows)
+    return rows
+
+
+def _as_if_before_checksums(run: Path) -> None:
+    """environment.json as a run from before checksums wrote it: its sessions began before them."""
+    environment = json.loads((run / ENVIRONMENT).read_text())
+    assert RUN_CHECKSUMS_SINCE == "2026-11-25T12:56:22+00:00"  # commit ba86a00
+    for session in environment["sessions"]:
+        session["started"], session["ended"] = "2026-11-25T10:00:00+00:00", "2026-11-25T10:01:00+00:00"
+    (run / ENVIRONMENT).write_text(json.dumps(environment, indent=2))
+
+
+def test_deleting_every_checksum_and_the_record_is_still_refused_by_every_reader(run: Path, recipe: Path):
+    """The issue's case: checksums.json, every row's checksum and cells.sha256 deleted, then cells.csv
+    and a row edited. environment.json's session (after checksums existed) tells it from a run of
+    before; report, plot, check and a resume each name it in one line."""
+    rows = _strip_every_checksum(run)
+    written = (run / CELLS).read_text()
+    (run / CELLS).write_text(written.replace(",2,", ",4812,", 1))
+    result = runner.invoke(app, ["report", str(run)])
+    message = _one_line(result.output)
+    assert result.exit_code == 2 and f"cells.csv: has no {CELLS_SHA} beside it" in message
+    assert f"{ENVIRONMENT} records a session of" in message and "after they carried checksums" in message
+    compared = runner.invoke(app, ["compare", str(run), str(run)])
+    assert compared.exit_code == 2 and f"has no {CELLS_SHA}" in _one_line(compared.output)
+    _write(run, [*rows[:2], _faster_without_checksum(rows[2]), *rows[3:]])
+    for argv in (["plot", str(run)], ["report", str(run), "--by", "category"]):
+        result = runner.invoke(app, argv)
+        message = _one_line(result.output)
+        assert result.exit_code == 2 and f"line 1: has no checksum ({CHECKSUM})" in message, argv
+        assert f"{ENVIRONMENT} records a session" in message and "--resume" in message
+    finding = check_run(run)
+    assert not finding.accepted and any("after they carried checksums" in a for a in finding.altered)
+    checked = runner.invoke(app, ["check", str(run)])
+    assert checked.exit_code == 1 and "altered" in checked.output
+    # environment.json deleted as well: the run wrote it before its first row (resolved_recipe.yaml says)
+    (run / ENVIRONMENT).unlink()
+    assert (run / RESOLVED_RECIPE).is_file()
+    with pytest.raises(SpecbenchError, match=rf"line 1: has no checksum.*{ENVIRONMENT} before its first row"):
+        ExampleLog(run / EXAMPLES)
+    result = runner.invoke(app, ["report", str(run)])
+    assert result.exit_code == 2 and "it is gone" in _one_line(result.output)
+    # a resume takes no stripped row as measured: each goes to examples.rejected and is measured again
+    resumed = runner.invoke(app, ["run", str(recipe), "--output-dir", str(run), "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert _one_line(resumed.output).count("has no checksum") == len(rows)
+    again = _lines(run)
+    assert len(again) == len(rows) and all(CHECKSUM in row for row in again)
+    assert {row["key"] for row in again} == {row["key"] for row in rows}
+    assert check_run(run).altered == [] and runner.invoke(app, ["report", str(run)]).exit_code == 0
+
+
+def test_a_directory_from_before_checksums_reads_as_it_did_and_is_guarded_once_resumed(
+    run: Path, recipe: Path
+):
+    rows = _strip_every_checksum(run)
+    _as_if_before_checksums(run)
     cells = (run / CELLS).read_bytes()
     assert [row["key"] for row in ExampleLog(run / EXAMPLES).rows] == [row["key"] for row in rows]
     assert len(read_cells_csv(run / CELLS)) == 2 and check_run(run).altered == []
@@ -172,13 +232,25 @@ def test_a_corrupted_checksum_record_is_one_line(run: Path):
 
 def test_every_committed_run_reads_without_a_checksum_record():
     """results/ holds runs from before checksums (no row_sha, no cells.sha256) and after (both): each
-    reads as it did, and none is called altered (CI runs specbench check over them)."""
+    reads as it did, and none is called altered (CI runs specbench check over them). The six from
+    before say so in environment.json (sessions begun before checksums, or none recorded); every
+    other one's sessions began after, so stripping its checksums would be named."""
+    from specbench.engines.load import read_load
+    from specbench.models.checksums import run_written_after_checksums
+
     directories = sorted(path.parent for path in (ROOT / "results").rglob(EXAMPLES))
     assert len(directories) > 40
+    before = []
     for directory in directories:
         ExampleLog(directory / EXAMPLES)
         if (directory / CELLS).is_file():
             read_cells_csv(directory / CELLS)
+        signed = CHECKSUM.encode() in (directory / EXAMPLES).read_bytes()
+        assert (run_written_after_checksums(directory) is not None) == signed, directory
+        before += [] if signed else [directory.relative_to(ROOT / "results").as_posix()]
+    assert len(before) == 6 and "quickstart" in before
+    sweeps = sorted(path.parent for path in (ROOT / "results").rglob("load.csv"))
+    assert sweeps and all(read_load(sweep) for sweep in sweeps)  # from before sweeps had checksums
 
 
 # -- files as the umask allows -----------------------------------------------------------------------

@@ -21,7 +21,7 @@ from test_vllm_backend import _no_server_left, _recipe, stub_engine  # noqa: F40
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from specbench.engines.load import level_of
+from specbench.engines.load import level_of, read_load, write_load
 from specbench.errors import SpecbenchError
 from specbench.pipeline.analysis.load_figures import speedups
 from specbench.recipe import parse_recipe
@@ -162,9 +162,9 @@ def test_a_sweep_belongs_to_its_recipe_settings_and_machine(stub_engine):  # noq
     other = _load(tmp_path, _recipe(tmp_path, load=load, **{"generation.max_new_tokens": 16}), "--resume")
     message = _one_line(other.output)
     assert other.exit_code == 2 and "load.csv: holds vllm-ar at concurrency 1 measured otherwise" in message
-    kept = csv.read_bytes()
-    rows = pd.read_csv(csv, dtype=str)
-    rows.assign(machine="0123456789ab", machine_described="another machine").to_csv(csv, index=False)
+    kept, rows = csv.read_bytes(), read_load(csv.parent)
+    moved = [{**row, "machine": "0123456789ab", "machine_described": "another machine"} for row in rows]
+    write_load(csv.parent, moved)  # written as a sweep writes it: its checksums match
     elsewhere = _load(tmp_path, _recipe(tmp_path, load={**load, "concurrency": [1, 2]}), "--resume")
     message = _one_line(elsewhere.output)
     assert elsewhere.exit_code == 2 and "was measured on another machine; this is" in message
@@ -187,7 +187,7 @@ def test_a_full_disk_at_the_start_of_a_sweep_is_one_line(stub_engine, monkeypatc
     monkeypatch.undo()
     message = _one_line(result.output)
     assert (
-        result.exit_code == 2 and "environment.json: cannot be written (No space left on device)" in message
+        result.exit_code == 2 and "checksums.json: cannot be written (No space left on device)" in message
     )
     assert "free space" in message and _no_server_left(tmp_path)
     assert [p.name for p in (tmp_path / "load").iterdir()] == []  # no temporary file left

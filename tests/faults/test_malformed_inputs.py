@@ -274,6 +274,50 @@ def write_files(tmp: Path) -> None:
     (tmp / "no-data").mkdir()
     (tmp / "torn-run").mkdir()
     (tmp / "torn-run" / "examples.jsonl").write_bytes(b'{"key": "a"}\n{"key": "b", "tru')
+    _tampered_directories(tmp)
+
+
+# checksums deleted or rows edited (issue 58): a run stripped of every checksum and of checksums.json
+# whose environment.json says a session wrote it after rows had them; sweeps with a load.csv row or a
+# request line edited, and one stripped of its checksum column and of environment.json
+STRIPPED_RUN, EDITED_SWEEP, EDITED_REQUESTS, STRIPPED_SWEEP = (
+    "stripped-run",
+    "edited-sweep",
+    "edited-requests",
+    "stripped-sweep",
+)
+
+
+def _tampered_directories(tmp: Path) -> None:
+    from specbench.engines.load import append_requests, write_load
+
+    run = tmp / STRIPPED_RUN
+    run.mkdir()
+    rows = [
+        {"key": f"k{i}", "dataset": "arithmetic/test", "cell": "ar", "example_id": f"e{i}", "walltime": 1.0}
+        for i in (1, 2)
+    ]
+    (run / "examples.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (run / "cells.csv").write_text("dataset,cell,tokens_per_s\narithmetic/test,ar,4000\n")
+    session = {"started": "2026-11-28T12:00:00+00:00", "rows": 2}
+    (run / "environment.json").write_text(json.dumps({"results_format": 1, "sessions": [session]}))
+    level = {"concurrency": 1, "repeat": 0, "complete": True, "throughput_tok_s": 40.5}
+    sweep = [
+        {"key": "a1", "cell": "vllm-ar", "method": "autoregressive", **level},
+        {"key": "s1", "cell": "vllm-ngram", "method": "speculative", **level},
+    ]
+    for name in (EDITED_SWEEP, EDITED_REQUESTS, STRIPPED_SWEEP):
+        write_load(tmp / name, sweep)
+        for row in sweep:
+            append_requests(tmp / name, row["key"], [{"index": 0, "e2e_s": 1.0, "output_tokens": 40}])
+    edited = tmp / EDITED_SWEEP / "load.csv"
+    edited.write_text(edited.read_text().replace("40.5", "4050.5", 1))
+    requests = tmp / EDITED_REQUESTS / "load_requests.jsonl"
+    requests.write_text(requests.read_text().replace('"e2e_s": 1.0', '"e2e_s": 0.01', 1))
+    stripped = tmp / STRIPPED_SWEEP
+    stripped_csv = [line.rsplit(",", 1)[0] for line in (stripped / "load.csv").read_text().splitlines()]
+    (stripped / "load.csv").write_text("\n".join(stripped_csv) + "\n")
+    (stripped / "checksums.json").unlink()
 
 
 def data_file_cases(tmp: Path) -> list[Case]:
@@ -339,6 +383,41 @@ def _distill(tmp: Path, *options: str) -> tuple[str, ...]:
 
 def _bigram_build(corpus: str, out: str) -> tuple[str, ...]:
     return ("bigram", "build", "--tokenizer", "tiny-llama", "--corpus", corpus, "--out", out)
+
+
+def tampered_cases(tmp: Path) -> list[Case]:
+    """Checksums deleted, every one of them, or rows edited: each reader names the file in one line."""
+    run, edited, requests, stripped = (
+        str(tmp / name) for name in (STRIPPED_RUN, EDITED_SWEEP, EDITED_REQUESTS, STRIPPED_SWEEP)
+    )
+    session = "environment.json records a session of 2026-11-28T12:00"
+    return [
+        Case(
+            "report: a run stripped of every checksum, cells.csv edited", argv=("report", run), field=session
+        ),
+        Case("compare: a run stripped of every checksum", argv=("compare", run, run), field="cells.sha256"),
+        Case("plot: a run stripped of every checksum", argv=("plot", run), field="line 1: has no checksum"),
+        Case(
+            "report --by category: a run stripped of every checksum",
+            argv=("report", run, "--by", "category"),
+            field=session,
+        ),
+        Case(
+            "plot --figure load: an edited load.csv row",
+            argv=("plot", edited, "--figure", "load"),
+            field="load.csv: line 2: was edited",
+        ),
+        Case(
+            "plot --figure load: an edited request line",
+            argv=("plot", requests, "--figure", "load"),
+            field="load_requests.jsonl: line 1: was edited",
+        ),
+        Case(
+            "plot --figure load: a sweep stripped of its checksums and environment.json",
+            argv=("plot", stripped, "--figure", "load"),
+            field="also wrote environment.json, and it is gone",
+        ),
+    ]
 
 
 def hostile_cases(tmp: Path) -> list[Case]:
@@ -445,6 +524,7 @@ def all_cases(tmp: Path) -> list[Case]:
         + data_file_cases(tmp)
         + command_cases(tmp)
         + hostile_cases(tmp)
+        + tampered_cases(tmp)
     )
 
 

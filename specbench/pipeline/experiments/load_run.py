@@ -38,9 +38,10 @@ from specbench.engines import BACKENDS, ENGINE_NAMES, EngineModel
 from specbench.engines.load import (
     LOAD_CSV,
     LOAD_SUMMARY,
+    SIGNED,
+    adopt,
     append_requests,
     level_of,
-    prune_requests,
     read_load,
     write_load,
 )
@@ -57,7 +58,7 @@ from specbench.engines.load_client import (
 )
 from specbench.errors import SpecbenchError
 from specbench.methods import BASELINE
-from specbench.models.cache import write_atomic
+from specbench.models.checksums import write_signed_csv
 from specbench.pipeline.analysis import load_equivalence
 from specbench.pipeline.analysis.load_figures import speedups, summarize, sweep_summary
 from specbench.pipeline.experiments import load_servers
@@ -146,6 +147,7 @@ def run_load(
     _check_levels_free(out, rows, plan, key)
     if not plan:  # a resume with nothing left measures nothing
         if rows:
+            adopt(out, done)  # its checksums first (a sweep from before them), then the summary's
             write_summary(out)
         return out
     console.print(size_line(recipe, plan))
@@ -157,8 +159,8 @@ def run_load(
             str(out), f"cannot be written ({error.strerror or error})", "choose a writable -o"
         ) from None
     session = now()
+    adopt(out, done)  # checksums, before the session's record; lines without a complete row go
     _write_environment(out, recipe, measurer, session, ended=False)  # before the first server
-    prune_requests(out, done)  # the lines of levels interrupted before their row, and of incomplete rows
     cells, prompts = list({cell.id: cell for _, cell, _ in plan}.values()), {}
     for cell in cells:  # every model loaded and checked before the first server starts
         measurer.check_cell(cell)
@@ -340,7 +342,7 @@ def write_summary(out: Path) -> Path:
     import pandas as pd
 
     path = Path(out) / LOAD_SUMMARY
-    write_atomic(path, pd.DataFrame(sweep_summary(out)).to_csv(index=False))
+    write_signed_csv(path, pd.DataFrame(sweep_summary(out)).to_csv(index=False), SIGNED)
     return path
 
 
@@ -353,16 +355,12 @@ def _settings(recipe: Recipe) -> dict:
 def _write_environment(out: Path, recipe: Recipe, measurer: Measurer, started: str, ended: bool) -> None:
     """environment.json, as `run` writes it (versions, machine, models), bound to the recipe's digest
     and the load: settings: what a resume must match."""
+    rows = 0  # a sweep writes no rows into examples.jsonl
     write_environment(
-        out,
-        recipe,
-        measurer.models,
-        started,
-        0,  # a sweep writes no rows into examples.jsonl
-        ended,
-        measurer.gpu_samples,
+        *(out, recipe, measurer.models, started, rows, ended, measurer.gpu_samples),
         recipe_identity=recipe.identity(),
         extra={LOAD_SETTINGS: _settings(recipe)},
+        command="load",
     )
 
 

@@ -17,7 +17,8 @@ it by line number and computes its row again; readers (``plot``, the paper views
 say which line to repair. A row carries its own checksum (``row_sha``) and cells.csv one beside it, so a
 hand edit is named like a corrupted line; deleting a checksum does not switch the check off: checksums.json
 records that the directory writes them (and a checksummed row before an unchecksummed one, or rows with
-checksums beside a cells.csv without its own, tell the same of directories from before the record).
+checksums beside a cells.csv without its own, tell the same of directories from before the record), and
+so do environment.json's sessions when every checksum is gone (:mod:`specbench.models.checksums`).
 Directories written before checksums existed have none of them and are read as they always were.
 Whole files (CSV, YAML, JSON) are written to a temporary name and renamed
 into place. Only one run writes a directory at a time: a second one stops and names the first's pid.
@@ -28,7 +29,7 @@ here (:func:`read_environment`, :func:`machines_of`, :func:`measured_on`), so th
 from __future__ import annotations
 
 import fcntl
-import hashlib
+import functools
 import json
 import os
 import re
@@ -38,6 +39,15 @@ from typing import TYPE_CHECKING
 
 from specbench.errors import SpecbenchError
 from specbench.models.cache import write_atomic  # noqa: F401  (the pipeline's writers import it here)
+from specbench.models.checksums import (  # noqa: F401  (readers import them here)
+    CHECKSUM,
+    MARKER,
+    mark,
+    read_marker,
+    row_checksum,
+    run_written_after_checksums,
+    text_checksum,
+)
 from specbench.models.machine import Machine, recorded_machine, session_machine
 
 if TYPE_CHECKING:
@@ -49,12 +59,9 @@ RESOLVED_RECIPE = "resolved_recipe.yaml"
 ENVIRONMENT = "environment.json"
 REJECTED = "examples.rejected"
 LOCK = ".specbench.lock"
-CHECKSUM = "row_sha"  # a row's own field: row_checksum of the rest
 CELLS_SHA = "cells.sha256"  # the checksum of cells.csv as the run wrote it
-# that the directory writes checksums: its own file, written by this module's writers the first time they
-# write one (not a field of environment.json, which `run` alone writes, rewriting it whole each session,
-# while cells.csv is also written alone); it lists the rows from before checksums by their checksums
-MARKER = "checksums.json"
+# MARKER (checksums.json): that the directory writes checksums, written by this module's writers the
+# first time they write one; it lists the rows from before checksums by their checksums
 # the layout of rows and keys; a directory written in another layout is refused, never mixed.
 # Directories from before the field existed are layout 1.
 RESULTS_FORMAT = 1
@@ -99,13 +106,14 @@ class ExampleLog:
         first_line_of: dict[str, int] = {}
         before = rows_before_checksums(self.path.parent)
         signed = False  # a row with a checksum was read: every later row was written with one
+        after = functools.cache(lambda: run_written_after_checksums(self.path.parent))  # asked once
         for number, raw in enumerate(lines, start=1):
             if not raw.strip():
                 continue
             why = _problem(raw)
             row = json.loads(raw) if why is None else None
             if row is not None and CHECKSUM not in row:
-                why = _unsigned_problem(row, before, signed)
+                why = _unsigned_problem(row, before, signed, after)
             signed = signed or (row is not None and CHECKSUM in row)
             if row is not None and why is None and row["key"] in first_line_of:
                 why = f"repeats the row of line {first_line_of[row['key']]} (key {row['key']})"
@@ -138,12 +146,16 @@ class ExampleLog:
     def done(self) -> set[str]:
         return set(self.by_key)
 
-    def append(self, row: dict) -> None:
-        """Append ``row`` with its checksum; the first append records that the directory writes them
-        (a log that appends has read its file: the runner's, under the lock)."""
+    def mark(self) -> None:
+        """Record that the directory writes checksums, and the rows from before them by theirs (a log
+        that marks has read its file: the runner's, under the lock); done by the first append."""
         if not self._marked:
             _mark(self.path.parent, rows={r["key"]: row_checksum(r) for r in self.rows if CHECKSUM not in r})
             self._marked = True
+
+    def append(self, row: dict) -> None:
+        """Append ``row`` with its checksum (marking the directory first)."""
+        self.mark()
         row = {**row, CHECKSUM: row_checksum(row)}
         line = (json.dumps(row, separators=(",", ":")) + "\n").encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -179,9 +191,10 @@ def _problem(raw: bytes) -> str | None:
     return None
 
 
-def _unsigned_problem(row: dict, before: dict[str, str] | None, signed: bool) -> str | None:
+def _unsigned_problem(row: dict, before: dict[str, str] | None, signed: bool, after) -> str | None:
     """Why a row without a checksum is not one written before checksums, or None. ``before``: the
-    directory's record of those rows (None: it has none), ``signed``: an earlier row has a checksum."""
+    directory's record of those rows (None: it has none), ``signed``: an earlier row has a checksum,
+    ``after()``: why environment.json says the rows were written since rows carried checksums."""
     if before is not None:
         if row["key"] not in before:
             return (
@@ -195,25 +208,10 @@ def _unsigned_problem(row: dict, before: dict[str, str] | None, signed: bool) ->
         return (
             f"has no checksum ({CHECKSUM}), though an earlier row has one: it was edited after it was written"
         )
+    why = after()
+    if why:
+        return f"has no checksum ({CHECKSUM}), {why}: it was edited after it was written"
     return None
-
-
-def read_marker(directory: Path) -> dict | None:
-    """The directory's checksums.json (that it writes checksums), or None where it has none."""
-    path = Path(directory) / MARKER
-    if not path.exists():
-        return None
-    try:
-        marker = json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        marker = None
-    if not isinstance(marker, dict) or not isinstance(marker.get("rows_before_checksums", {}), dict):
-        raise SpecbenchError(
-            str(path),
-            "is not the checksum record specbench writes (a JSON object)",
-            "restore it (e.g. git checkout -- PATH), or run the recipe again into a new --output-dir",
-        )
-    return marker
 
 
 def rows_before_checksums(directory: Path) -> dict[str, str] | None:
@@ -228,16 +226,10 @@ def rows_before_checksums(directory: Path) -> dict[str, str] | None:
 def _mark(directory: Path, rows: dict[str, str] | None = None) -> None:
     """Record that ``directory`` writes cells.sha256 and, given ``rows`` (those from before checksums),
     a checksum into every row; once recorded, never taken back."""
-    marker = read_marker(directory) or {}
     wanted = {"cells_sha": True}
-    if rows is not None and not marker.get("row_sha"):
+    if rows is not None and not (read_marker(directory) or {}).get("row_sha"):
         wanted |= {"row_sha": True, "rows_before_checksums": rows}
-    if any(marker.get(key) != value for key, value in wanted.items()):
-        write_atomic(Path(directory) / MARKER, json.dumps(marker | wanted, indent=1, sort_keys=True) + "\n")
-
-
-def text_checksum(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+    mark(directory, wanted)
 
 
 def write_cells(run_dir: Path, text: str) -> None:
@@ -269,20 +261,13 @@ def cells_problem(run_dir: Path) -> str | None:
             signed = False
         if signed:
             return f"has no {CELLS_SHA} beside it, though its run's rows carry checksums (so it wrote one)"
-        return None
+        why = run_written_after_checksums(run_dir)
+        return f"has no {CELLS_SHA} beside it, {why}" if why else None
     except (OSError, UnicodeDecodeError):
         return f"cannot be checked: {CELLS_SHA} is unreadable"
     if expected != actual:
         return f"was edited after the run wrote it (it no longer matches {CELLS_SHA})"
     return None
-
-
-def row_checksum(row: dict) -> str:
-    """The sha256 (first 16 hex digits) of a row's content without its checksum: rows written since
-    checksums exist carry it, so a hand edit is named like a corrupted line (rows before have none)."""
-    content = {key: value for key, value in row.items() if key != CHECKSUM}
-    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 def read_examples(run_dir: Path) -> list[dict]:

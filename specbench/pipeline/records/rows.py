@@ -22,6 +22,7 @@ def build_row(
         "example_id": example.id,
         "gold_sha": gold_sha(example),
         "prompt_tokens": int(request.prompt_ids.shape[0]),
+        "prompt_sha": prompt_sha(request.prompt_ids.tolist()),
         "output_ids": generation.tokens,
         "output_text": text,
         "n_tokens": len(generation.tokens),
@@ -74,6 +75,11 @@ def divergence(reference: list[int], tokens: list[int]) -> int:
         if a != b:
             return i
     return -1 if len(reference) == len(tokens) else min(len(reference), len(tokens))
+
+
+def prompt_sha(ids: list[int]) -> str:
+    """A hash of the prompt's token ids as the target saw them (compare: the same prompt texts)."""
+    return hashlib.sha256(",".join(str(int(i)) for i in ids).encode()).hexdigest()[:16]
 
 
 def gold_sha(example) -> str:

@@ -37,11 +37,13 @@ def write_environment(
     load: dict | None = None,
     recipe_identity: str | None = None,
     extra: dict | None = None,
+    command: str | None = None,
 ) -> None:
     """Write DIR/environment.json: versions, the machine of the first rows, the models, and this
     session appended to the earlier ones. ``recipe_identity``: the digest of the recipe the directory
     now belongs to (None: keep the recorded one, as a tune's partial rounds do); ``extra``: fields of a
-    command's own (``load``'s settings), given at every write."""
+    command's own (``load``'s settings), given at every write; ``command``: recorded in the session
+    where it is not `run` (``load``: specbench.models.checksums tells the two apart)."""
     path = Path(directory) / ENVIRONMENT
     try:
         earlier = json.loads(path.read_text()) if path.exists() else {}
@@ -103,6 +105,7 @@ def write_environment(
         # that other processes took over the session (machine.others_share)
         "load": load or {},
         "collect_env": collect_env(),
+        **({"command": command} if command else {}),
     }
     sessions = [s for s in earlier.get("sessions", []) if s.get("started") != started]
     env.update(extra or {})

@@ -28,6 +28,7 @@ import torch
 from rich.console import Console
 
 from specbench import sources
+from specbench.engines.load import LOAD_CSV, LOAD_SUMMARY, read_load, read_requests, read_verified
 from specbench.errors import SpecbenchError
 from specbench.pipeline.records.results import CELLS, EXAMPLES, RESOLVED_RECIPE, ExampleLog, read_cells_csv
 from specbench.recipe import load_recipe
@@ -57,13 +58,16 @@ class Finding:
 
 
 def result_directories(results: Path) -> list[Path]:
-    """Every run directory below ``results`` (or ``results`` itself): those holding examples.jsonl."""
+    """Every result directory below ``results`` (or ``results`` itself): those holding examples.jsonl
+    (a run) or load.csv (a load sweep)."""
     results = Path(results)
-    if (results / EXAMPLES).is_file():
+    if (results / EXAMPLES).is_file() or (results / LOAD_CSV).is_file():
         return [results]
-    found = sorted(path.parent for path in results.rglob(EXAMPLES))
+    found = sorted({path.parent for name in (EXAMPLES, LOAD_CSV) for path in results.rglob(name)})
     if not found:
-        raise SpecbenchError(str(results), f"holds no run directory ({EXAMPLES})", "name a run's directory")
+        raise SpecbenchError(
+            str(results), f"holds no run directory ({EXAMPLES} or {LOAD_CSV})", "name a run's directory"
+        )
     return found
 
 
@@ -79,6 +83,9 @@ def check_run(directory: Path) -> Finding:
     finding.altered = _altered(directory)
     if finding.altered:  # its rows cannot be read as rows: nothing more to ask of them
         _check_models(directory, finding)
+        return finding
+    if not (directory / EXAMPLES).is_file():  # a load sweep alone: its files are what can be checked
+        finding.notes.append(f"a load sweep ({LOAD_CSV}): its files are checked, its rows not keyed again")
         return finding
     recipe_path = directory / RESOLVED_RECIPE
     if not recipe_path.is_file():
@@ -107,17 +114,20 @@ def check_run(directory: Path) -> Finding:
 
 
 def _altered(directory: Path) -> list[str]:
-    """What ``report`` and a resume would refuse in the directory's files: a row or cells.csv edited
-    since the run wrote it, a checksum of a directory that writes them deleted (or a torn line)."""
+    """What ``report``, ``plot`` and a resume would refuse in the directory's files: a row, cells.csv
+    or a sweep's file edited since it was written, a checksum of a directory that writes them deleted
+    (or a torn line)."""
     found = []
-    try:
-        ExampleLog(directory / EXAMPLES)
-    except SpecbenchError as error:
-        found.append(f"{error.where}: {error.problem}")
-    cells = directory / CELLS
-    if cells.is_file():
+    readers = [lambda: ExampleLog(directory / EXAMPLES)]
+    if (directory / CELLS).is_file():
+        readers.append(lambda: read_cells_csv(directory / CELLS))
+    if (directory / LOAD_CSV).is_file():  # a sweep's rows, then their request lines (as plot reads them)
+        readers.append(lambda: read_requests(directory, {str(row["key"]) for row in read_load(directory)}))
+    if (directory / LOAD_SUMMARY).is_file():
+        readers.append(lambda: read_verified(directory / LOAD_SUMMARY))
+    for read in readers:
         try:
-            read_cells_csv(cells)
+            read()
         except SpecbenchError as error:
             found.append(f"{error.where}: {error.problem}")
     return found

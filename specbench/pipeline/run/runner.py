@@ -189,6 +189,7 @@ class Runner(Measurer):
     def record(self, dataset: DatasetRun, cell: Cell, row: dict) -> None:
         """Append one measured row of ``cell`` (this process's or an executor's) and advance its bars."""
         if not self.written:  # this session's versions are on disk before its first row
+            self.log.mark()  # after checksums.json: a session records that its rows carry checksums
             self._write_environment(ended=False)
         self.log.append(row)
         self.written += 1

@@ -123,7 +123,9 @@ def experiments(path: Path, cells: pd.DataFrame) -> dict[tuple[str, str], dict]:
     for row in read_examples(path):
         key = (row.get("dataset"), row.get("cell"))
         examples.setdefault(key, []).append((str(row.get("example_id")), row.get("gold_sha")))
-        prompts.setdefault(key, []).append((str(row.get("example_id")), row.get("prompt_tokens")))
+        prompts.setdefault(key, []).append(
+            (str(row.get("example_id")), row.get("prompt_tokens"), row.get("prompt_sha"))
+        )
     templates = _chat_templates(recipe)
     found = {}
     for record in cells.to_dict("records"):
@@ -143,6 +145,8 @@ def experiments(path: Path, cells: pd.DataFrame) -> dict[tuple[str, str], dict]:
             # the prompts as the target saw them: each example's length in tokens (a template or a chat
             # template changed moves it) and whether the dataset used the chat template
             "prompts": _prompts(prompts.get(key, []), templates.get(record["dataset"])),
+            # their token ids (rows from before prompt_sha: unknown, agreeing with anything)
+            "prompt texts": _prompt_texts(prompts.get(key, [])),
         }
     return found
 
@@ -156,9 +160,17 @@ def _digest(listed: list) -> str | None:
 def _prompts(listed: list, chat_template: bool | None) -> str | None:
     """A digest of (example id, prompt tokens) and the chat template flag; None (agrees with anything)
     where rows from before ``prompt_tokens`` leave some length unknown."""
-    if not listed or any(tokens is None for _, tokens in listed):
+    if not listed or any(tokens is None for _, tokens, _ in listed):
         return None
-    return _digest(sorted(set(listed), key=str) + [["chat_template", chat_template]])
+    counts = sorted({(example, tokens) for example, tokens, _ in listed}, key=str)
+    return _digest(counts + [["chat_template", chat_template]])
+
+
+def _prompt_texts(listed: list) -> str | None:
+    """A digest of (example id, prompt token ids' hash); None where a row predates the hash."""
+    if not listed or any(sha is None for _, _, sha in listed):
+        return None
+    return _digest(sorted({(example, sha) for example, _, sha in listed}, key=str))
 
 
 def _model_sources(recipe: dict, environment: dict) -> dict[str, object]:

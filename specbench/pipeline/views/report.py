@@ -48,9 +48,14 @@ def run_directories(results: Path) -> list[Path]:
 
 
 def load_cells(results: Path) -> pd.DataFrame:
-    """cells.csv of one run directory, or of every run directory below ``results``."""
+    """cells.csv of one run directory, or of every run directory below ``results`` (a load sweep
+    beside a run's cells is checked as its readers check it: a directory with an edited file is refused
+    whichever file a command shows)."""
+    from specbench.engines.load import read_load
+
     frames = []
     for path in (directory / CELLS for directory in run_directories(results)):
+        read_load(path.parent)
         frame = _with_derived(read_cells_csv(path), path.parent)
         frame.insert(0, "run", path.parent.name)
         frames.append(frame)
