@@ -186,9 +186,7 @@ def test_a_full_disk_at_the_start_of_a_sweep_is_one_line(stub_engine, monkeypatc
     result = _load(tmp_path, _recipe(tmp_path, load={"concurrency": [1], "requests": 2}))
     monkeypatch.undo()
     message = _one_line(result.output)
-    assert (
-        result.exit_code == 2 and "checksums.json: cannot be written (No space left on device)" in message
-    )
+    assert result.exit_code == 2 and "checksums.json: cannot be written (No space left on device)" in message
     assert "free space" in message and _no_server_left(tmp_path)
     assert [p.name for p in (tmp_path / "load").iterdir()] == []  # no temporary file left
 
