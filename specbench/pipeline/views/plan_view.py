@@ -107,11 +107,15 @@ def _host_memory(bill: dict | None) -> list[str]:
     """The host-memory line of a CPU plan, a warning where the models and engines do not fit."""
     if not bill:
         return []
-    engines = "".join(
-        f" + {e['kept']} kept-alive {e['engine']} engine(s) of {e['model']} ({e['settings']} speculative "
+    parts = [
+        f"{e['kept']} kept-alive {e['engine']} engine(s) of {e['model']} ({e['settings']} speculative "
         f"settings) {show_bytes(e['bytes'])}"
         for e in bill["engines"]
-    )
+    ]
+    if bill.get("one_engine_at_a_time") and parts:  # by-cell: each engine stopped when its cells are done
+        engines = f" + the largest, one at a time, of: {'; '.join(parts)}"
+    else:
+        engines = "".join(f" + {part}" for part in parts)
     needed = (
         f"{show_bytes(bill['needed_bytes'])}: specbench's models {show_bytes(bill['own_bytes'])}{engines}"
     )
