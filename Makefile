@@ -18,7 +18,7 @@ DEMO_OUT    ?= runs/demo
 DATA_DIR    ?= $(or $(SPECBENCH_DATA_DIR),../shared/data)
 CACHE       ?= $(or $(SPECBENCH_CACHE),$(HOME)/.cache/specbench)
 
-.PHONY: install install-vllm install-llamacpp install-chromium demo site test test-slow lint bench models drafts heads drafts-exit reproduce-table2 reproduce-table2-tiny clean-venv
+.PHONY: install install-vllm install-llamacpp install-chromium gguf-bf16 demo site test test-slow lint bench models drafts heads drafts-exit reproduce-table2 reproduce-table2-tiny clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -54,6 +54,15 @@ LLAMACPP_JOBS ?= 2
 install-llamacpp:
 	LLAMACPP_DIR=$(LLAMACPP_DIR) LLAMACPP_SPEC=$(LLAMACPP_SPEC) LLAMACPP_JOBS=$(LLAMACPP_JOBS) \
 		PYTHON=$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) bash scripts/llamacpp/install.sh
+
+## gguf-bf16: BF16 GGUF files of the weights specbench loads (SmolLM2 and the Qwen2.5-Coder pair, de-quantised
+## in $(CACHE); the distilled SmolLM2 drafter too once `make drafts` made it), converted once by llama.cpp's
+## convert_hf_to_gguf.py from the tree install-llamacpp unpacked, checked, into $(CACHE)/gguf-bf16/: what
+## engine_options {gguf: bf16, draft_gguf: bf16} serve. Here 20 s, 52 s and 101 s for the three models.
+GGUF_BF16_SOURCES ?= smollm2-135m-instruct qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct \
+	$(if $(wildcard $(CACHE)/drafters/smollm2-135m-instruct/small/config.json),distilled:smollm2-135m-instruct/small)
+gguf-bf16: install
+	SPECBENCH_CACHE=$(CACHE) $(BIN)/python -m specbench.engines.llamacpp_convert $(GGUF_BF16_SOURCES)
 
 ## demo: the main job — SmolLM2-135M-Instruct, AR vs speculative decoding, on the embedded prompts,
 ## measured on this machine (2-3 minutes on 2 CPU cores) into $(DEMO_OUT), which git ignores, then

@@ -62,6 +62,22 @@ def report(
     json: Path = typer.Option(
         None, "--json", help="Also write the HTML page's numbers as JSON (for other tools); one run."
     ),
+    engines: bool = typer.Option(
+        False,
+        "--engines",
+        help="One run whose cells ran in several engines (issue 59's table): per cell its setup (engine and "
+        "weights file), tokens/s, speedup over the same setup's AR with a paired interval, tokens per "
+        "target pass against specbench's eager cell, each engine's own acceptance figure, and each AR's "
+        "time per token beside the memory-bandwidth limit; below each table the goals (compiled AR within "
+        "1.2x of llama.cpp's BF16 AR, tokens per pass within 2%) and the fastest setup at AR and at SD.",
+    ),
+    roofline: str = typer.Option(
+        None,
+        "--roofline",
+        help="With --engines: the profile whose measured bandwidth gives the limit (specbench probe RECIPE "
+        "--roofline --out FILE on the run's machine, or a device of devices.yaml); default: the run "
+        "folder's profile.json where there is one.",
+    ),
 ):
     """One table per dataset: method, drafters, k, SWI (MS, PW), tokens/s, speedup, acceptance, quality.
 
@@ -69,8 +85,12 @@ def report(
     With --by category, Spec-Bench's leaderboard by category (Xia et al., Findings of ACL 2024); with
     --by step, where each step's time goes; with --by k, acceptance length per draft length (the
     table published heads' model cards give). With --baseline CELL, every cell against that cell.
+    With --engines, one run's cells across engines beside the bandwidth limit (issue 59's table).
     """
-    chosen = [name for name, value in (("--by", by), ("--paper", paper), ("--baseline", baseline)) if value]
+    flags = (("--by", by), ("--paper", paper), ("--baseline", baseline), ("--engines", engines))
+    chosen = [name for name, value in flags if value]
+    if roofline is not None and not engines:
+        raise SpecbenchError("--roofline", "sets the limit of the --engines table", "add --engines")
     if len(chosen) > 1:
         raise SpecbenchError(chosen[1], f"cannot be combined with {chosen[0]}", "pass one of them")
     page = "--html" if html else "--json" if json else None
@@ -89,6 +109,10 @@ def report(
             _check_page_outputs(html, json)
         views = {"category": render_categories, "step": render_steps, "k": render_by_k}
         text = views[by](results, format)
+    elif engines:
+        from specbench.pipeline.views.engines_view import render_engines
+
+        text = render_engines(results, format, roofline)
     elif baseline is not None:
         from specbench.pipeline.views.breakdowns import render_against
 

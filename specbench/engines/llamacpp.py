@@ -4,7 +4,8 @@ engine most people who speculate on a CPU run.
 
 The server reads the GGUF file of the model's source itself (a ``.gguf`` path, the one ``.gguf`` in a
 local directory or a distilled drafter's folder, SmolLM2's Q4_1 file, the Qwen2.5-Coder Q4_K_M files) or
-the file named in ``engine_options.gguf`` (a BF16 conversion of the same weights), checked to hold the
+the file named in ``engine_options.gguf`` (``bf16``: the BF16 conversion of the weights specbench loads,
+:mod:`specbench.engines.llamacpp_convert`; ``draft_gguf`` likewise for a model drafter), checked to hold the
 recipe's model (layers, width, vocabulary). specbench still loads its own copy of the source for the
 tokenizer that builds each request. One server per speculative setting runs on a free port of
 127.0.0.1, kept while the run interleaves cells, and is always stopped
@@ -41,6 +42,7 @@ from pathlib import Path
 from specbench.decoding.generation import Generation
 from specbench.engines import Backend, CellView, EngineModel, Problem
 from specbench.engines import llamacpp_client as client
+from specbench.engines import llamacpp_convert as convert
 from specbench.engines import llamacpp_server as servers
 from specbench.engines.accounting import (
     AccountingError,
@@ -65,7 +67,15 @@ GGUF_FIX = (
 
 OPTIONS = {
     "server": ParamSpec(str, None, "the llama-server binary (default: see the module's help)"),
-    "gguf": ParamSpec(str, None, "the GGUF to serve instead of the source's own (a BF16 conversion of it)"),
+    "gguf": ParamSpec(
+        str,
+        None,
+        "the GGUF to serve instead of the source's own: a path, or bf16 for the BF16 conversion of the "
+        "weights specbench loads (llama.cpp's converter, once, into the specbench cache)",
+    ),
+    "draft_gguf": ParamSpec(
+        str, None, "a model drafter's GGUF instead of its source's own: a path, or bf16 (its conversion)"
+    ),
     "threads": ParamSpec(int, None, "llama.cpp's threads (--threads; default: the physical cores)", 1),
     "ctx_size": ParamSpec(int, None, "the context in tokens (--ctx-size; default: the model's)", 16),
     "batch_size": ParamSpec(int, None, "the logical batch in tokens (--batch-size)", 1),
@@ -156,6 +166,16 @@ def _source_problem(source: str, options: dict) -> Problem:
     return "source", f"llama.cpp serves a GGUF file, and {source!r} ({kind.kind}) has none", GGUF_FIX
 
 
+def chosen_gguf(source: str, option: str | None, where: str) -> Path | None:
+    """The GGUF an ``engine_options`` entry names for ``source``'s weights: a path, or ``bf16`` for their
+    BF16 conversion (made once, :mod:`specbench.engines.llamacpp_convert`); None when it names none."""
+    if not option:
+        return None
+    if option.lower() == convert.BF16:
+        return convert.bf16_gguf(source, where)
+    return expand_home(option, where)
+
+
 def gguf_of(source: str, where: str) -> Path:
     """The GGUF file of a recipe source's weights (downloaded first where its kind ships one)."""
     kind = source_of(source)
@@ -201,7 +221,10 @@ class LlamaCppTarget(EngineModel):
             config = dict(spec) if spec else None
             if config and config["spec_type"] == "draft-simple":
                 name = getattr(drafter, "name", "drafter")
-                path = gguf_of(config.pop("draft_source"), f"models.{name}.source")
+                source = config.pop("draft_source")
+                path = chosen_gguf(source, self.options.get("draft_gguf"), f"{self.where}_options.draft_gguf")
+                if path is None:
+                    path = gguf_of(source, f"models.{name}.source")
                 draft = read_facts(path, f"models.{name}.source")
                 problem = vocabulary_problem(self.gguf, draft)
                 if problem:
@@ -427,7 +450,7 @@ def _open(request, served) -> LlamaCppTarget:
     module, tokenizer = served.weights.module, served.weights.tokenizer
     if options.get("gguf"):
         field_name = f"{where}.engine_options.gguf"
-        path = expand_home(options["gguf"], field_name)
+        path = chosen_gguf(request.source, options["gguf"], field_name)
     else:
         field_name = f"{where}.source"
         path = gguf_of(request.source, field_name)

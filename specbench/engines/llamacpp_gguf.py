@@ -31,6 +31,7 @@ class GGUFFacts:
             "general_name": self.name,
             "architecture": self.architecture,
             "file_type": self.file_type,
+            "gguf_bytes": self.path.stat().st_size if self.path.is_file() else None,  # a pass reads ~all
         }
 
 

@@ -4,7 +4,8 @@ which spoils their walltimes without any CPU used by others (:mod:`specbench.mod
 
 The bill: every model specbench itself loads (weights + KV cache, the plan's footprint), plus, for each
 target served by an engine (``engine: vllm``), one engine per speculative setting its cells ask for, up
-to the engine's ``max_engines`` kept at once (4 on a CPU), each holding the target's weights, its KV
+to the engine's ``max_engines`` (llama.cpp: ``max_servers``) kept at once (4 on a CPU; one engine in all
+in a ``by-cell`` run, which stops each when its cells are done), each holding the target's weights, its KV
 cache (``kv_cache_gib``), a model drafter's weights where the setting drafts with one, and
 :data:`ENGINE_RUNTIME` for the engine's own process. A server specbench does not start (``engine:
 openai``) holds nothing here: it is listed as remote and not billed (specbench loads its tokenizer
@@ -23,12 +24,16 @@ from specbench.pipeline.planning.placement import GiB
 
 ENGINE_RUNTIME = 1 * GiB  # an engine process's interpreter, torch and scheduler, besides its tensors
 ENGINES_KEPT_ON_CPU = 4  # vLLM's max_engines default on a CPU (specbench.engines.vllm)
+KEPT_OPTION = {
+    "llama.cpp": "max_servers"
+}  # the option naming how many an engine keeps, where not max_engines
 
 
 def host_memory(recipe, models: list[dict], available: int | None = None) -> dict:
     """The bill (module docstring) against ``available`` bytes (default: MemAvailable now).
     ``models``: the plan's model entries (name, weight_bytes, footprint_bytes)."""
     by_name = {m["name"]: m for m in models}
+    by_cell = getattr(recipe, "schedule", None) == "by-cell"
     own = sum(m["footprint_bytes"] for m in models if recipe.models[m["name"]].engine not in ENGINE_NAMES)
     own += sum(m["footprint_bytes"] for m in models if is_remote(recipe.models[m["name"]].engine))
     engines = []
@@ -47,19 +52,23 @@ def host_memory(recipe, models: list[dict], available: int | None = None) -> dic
             settings[key] = drafter["weight_bytes"] if drafter else 0
         if not settings:
             continue
-        kept = min(len(settings), spec.engine_options.get("max_engines") or ENGINES_KEPT_ON_CPU)
+        limit = spec.engine_options.get(KEPT_OPTION.get(spec.engine, "max_engines"))
+        kept = 1 if by_cell else min(len(settings), limit or ENGINES_KEPT_ON_CPU)
         drafters = sorted(settings.values(), reverse=True)[:kept]  # the largest kept at once, at worst
         each = by_name[name]["footprint_bytes"] + ENGINE_RUNTIME
         engines.append(
             {"model": name, "engine": spec.engine, "settings": len(settings), "kept": kept,
              "bytes": kept * each + sum(drafters)}
         )  # fmt: skip
-    needed = own + sum(e["bytes"] for e in engines)
+    # a by-cell run stops each engine when its cells are done (pipeline.run.runner): one lives at a time
+    served = max((e["bytes"] for e in engines), default=0) if by_cell else sum(e["bytes"] for e in engines)
+    needed = own + served
     available = available_bytes() if available is None else available
     return {
         "own_bytes": own,
         "engines": engines,
         "needed_bytes": needed,
+        "one_engine_at_a_time": by_cell,
         "available_bytes": available,
         "fits": None if available is None else needed <= available,
     }

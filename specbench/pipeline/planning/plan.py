@@ -158,8 +158,15 @@ def build_plan(
     models = []
     for name, fact in facts.items():
         kv = fact.kv_bytes_per_token * sequence
-        if recipe.models[name].engine in ENGINE_NAMES:  # a serving engine reserves its KV cache up front
-            kv = int(recipe.models[name].engine_options.get("kv_cache_gib", 2) * 2**30)
+        options = recipe.models[name].engine_options
+        if recipe.models[name].engine == "llama.cpp":  # llama-server reserves its --ctx-size per slot
+            kv = (
+                fact.kv_bytes_per_token
+                * (options.get("ctx_size") or sequence)
+                * (options.get("parallel") or 1)
+            )
+        elif recipe.models[name].engine in ENGINE_NAMES:  # vLLM reserves its KV cache up front
+            kv = int(options.get("kv_cache_gib", 2) * 2**30)
         footprint = math.ceil((fact.weight_bytes + kv) * (1 + hardware.margin))
         if _remote_only(recipe.models[name]):  # a server elsewhere: nothing of it is held here
             kv = footprint = 0

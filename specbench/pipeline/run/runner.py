@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from specbench.engines import EngineModel
 from specbench.errors import SpecbenchError
 from specbench.methods import BASELINE
 from specbench.models.machine import cpu_times, others_share, recorded_machine
@@ -177,14 +178,27 @@ class Runner(Measurer):
 
     def _run_here(self, order: list[tuple[DatasetRun, Cell, Example]]) -> list[str]:
         """The local executor: every row in ``order``, in this process; the first error stops the run."""
-        for dataset, cell, example in order:
+        for i, (dataset, cell, example) in enumerate(order):
             state = self._cell(dataset, cell)
             if state.models is None:
                 state.models = self.start_cell(dataset, cell)
             self.record(dataset, cell, self.measure(dataset, cell, example, state.models))
             if not state.left:
                 self.sample_gpu(dataset, cell, "end")
+            if i + 1 < len(order):
+                self._stop_engine_left(cell, order[i + 1][1])
         return []
+
+    def _stop_engine_left(self, cell: Cell, following: Cell) -> None:
+        """In a by-cell run, stop a served target's engine when the next row is another target's: one
+        engine's memory at a time (issue 59's recipes serve one pair in vLLM and in two llama.cpp files
+        beside specbench's own copies); it starts again, outside any walltime, if a later cell needs it.
+        An interleaved run returns to every engine row by row, so it keeps them."""
+        if self.schedule != "by-cell" or following.target == cell.target:
+            return
+        model = self.models.get(cell.target)
+        if isinstance(model, EngineModel):
+            model.close()
 
     def record(self, dataset: DatasetRun, cell: Cell, row: dict) -> None:
         """Append one measured row of ``cell`` (this process's or an executor's) and advance its bars."""

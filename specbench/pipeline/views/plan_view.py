@@ -107,13 +107,20 @@ def _host_memory(bill: dict | None) -> list[str]:
     """The host-memory line of a CPU plan, a warning where the models and engines do not fit."""
     if not bill:
         return []
-    engines = "".join(
-        f" + {e['model']} ({e['engine']}) remote: not billed"
-        if e.get("remote")
-        else f" + {e['kept']} kept-alive {e['engine']} engine(s) of {e['model']} ({e['settings']} "
-        f"speculative settings) {show_bytes(e['bytes'])}"
+    parts = [
+        f"{e['kept']} kept-alive {e['engine']} engine(s) of {e['model']} ({e['settings']} speculative "
+        f"settings) {show_bytes(e['bytes'])}"
         for e in bill["engines"]
+        if not e.get("remote")
+    ]
+    remote = "".join(
+        f" + {e['model']} ({e['engine']}) remote: not billed" for e in bill["engines"] if e.get("remote")
     )
+    if bill.get("one_engine_at_a_time") and parts:  # by-cell: each engine stopped when its cells are done
+        engines = f" + the largest, one at a time, of: {'; '.join(parts)}"
+    else:
+        engines = "".join(f" + {part}" for part in parts)
+    engines += remote
     needed = (
         f"{show_bytes(bill['needed_bytes'])}: specbench's models {show_bytes(bill['own_bytes'])}{engines}"
     )
