@@ -18,6 +18,7 @@ from test_vllm_backend import _no_server_left, _recipe, stub_engine  # noqa: F40
 from typer.testing import CliRunner
 
 from specbench.cli import app
+from specbench.models.checksums import row_checksum
 from specbench.pipeline.analysis.load_equivalence import COLUMNS, Auditor, Reference, column, flag, pooled
 from specbench.pipeline.views.load_view import equivalence, equivalence_flags
 
@@ -183,3 +184,32 @@ def test_sampled_outputs_are_not_checked(stub_engine):  # noqa: F811
 def test_a_level_without_counts_reads_not_checked(kind):
     assert equivalence({column(kind, "checked"): math.nan}, kind) == "not checked"
     assert equivalence({}, kind) == "not checked"
+
+
+def test_an_edited_or_stripped_reference_line_is_refused_on_resume(stub_engine):  # noqa: F811
+    """load_reference.jsonl decides every output's class: each line carries its checksum, and a resume
+    that would read an edited line, or one stripped of its checksum, stops in one line naming it."""
+    tmp_path = stub_engine
+    assert _load(tmp_path, _recipe(tmp_path, load={"concurrency": [1], "requests": 4})).exit_code == 0
+    path = tmp_path / "load" / "load_reference.jsonl"
+    original = path.read_text()
+    lines = _lines(path)
+    assert all(r["row_sha"] == row_checksum({k: v for k, v in r.items() if k != "row_sha"}) for r in lines)
+    grown = _recipe(tmp_path, load={"concurrency": [1, 2], "requests": 4})
+    for edit in ("edited", "stripped"):
+        changed = [dict(r) for r in lines]
+        if edit == "edited":
+            changed[1]["output_ids"] = [7, *changed[1]["output_ids"][1:]]
+        else:
+            changed[1].pop("row_sha")
+        path.write_text("".join(json.dumps(r) + "\n" for r in changed))
+        result = _load(tmp_path, grown, "--resume")
+        message = " ".join(result.output.split())
+        assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+        assert "load_reference.jsonl: line 2" in message
+        assert ("edited after it was written" if edit == "edited" else "has no checksum") in message
+        checked = CliRunner().invoke(app, ["check", str(tmp_path / "load")])
+        assert checked.exit_code != 0 and "load_reference.jsonl: line 2" in " ".join(checked.output.split())
+    path.write_text(original)
+    assert _load(tmp_path, grown, "--resume").exit_code == 0
+    assert _no_server_left(tmp_path)

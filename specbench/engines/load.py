@@ -307,3 +307,32 @@ def adopt(directory: Path, keys: set[str]) -> None:
     if path.is_file():
         write_atomic(path, sign_csv(read_verified(path)))
     mark(directory, {SIGNED: True})
+
+
+REFERENCE_FILE = "load_reference.jsonl"  # the engine's batch-1 outputs (pipeline.experiments.load_reference)
+
+
+def read_references(out: Path) -> dict[str, dict[int, dict]]:
+    """target -> prompt index -> its reference line (the last of each), from load_reference.jsonl. Every
+    line carries its checksum (the file is younger than checksums): one edited, or stripped of it, is a
+    one-line error naming it, since a changed reference would re-class every output checked against it."""
+    path = Path(out) / REFERENCE_FILE
+    found: dict[str, dict[int, dict]] = {}
+    if not path.is_file():
+        return found
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+        try:
+            record = json.loads(line)
+            target, prompt = str(record["target"]), int(record["prompt"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short by a kill
+        written = record.pop(CHECKSUM, None)
+        if written != row_checksum(record):
+            why = (
+                "has no checksum"
+                if written is None
+                else "was edited after it was written (its checksum differs)"
+            )
+            raise SpecbenchError(f"{path}: line {number}", why, RESTORE)
+        found.setdefault(target, {})[prompt] = record
+    return found

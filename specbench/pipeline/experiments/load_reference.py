@@ -29,14 +29,15 @@ from rich.console import Console
 from rich.markup import escape
 
 from specbench.engines import audit_model
+from specbench.engines.load import REFERENCE_FILE, read_references
 from specbench.engines.load_client import Requests, closed_loop
 from specbench.errors import SpecbenchError
+from specbench.models.checksums import CHECKSUM, row_checksum
 from specbench.pipeline.analysis.load_equivalence import Auditor, Reference
 from specbench.pipeline.experiments.load_servers import serve
 from specbench.pipeline.records.results import EXAMPLES, read_examples
 from specbench.recipe import Recipe
 
-REFERENCE_FILE = "load_reference.jsonl"
 NO_COPY = "specbench decodes no model of the engine's weights itself, so a divergence cannot be told a tie"
 
 
@@ -96,21 +97,6 @@ def auditors(recipe, measurer, out: Path, cells, prompts: dict, run_dir: Path | 
     return found
 
 
-def read_references(out: Path) -> dict[str, dict[int, dict]]:
-    """target -> prompt index -> its reference line (the last of each), from load_reference.jsonl."""
-    path = Path(out) / REFERENCE_FILE
-    found: dict[str, dict[int, dict]] = {}
-    if not path.is_file():
-        return found
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-            found.setdefault(str(record["target"]), {})[int(record["prompt"])] = record
-        except (ValueError, KeyError, TypeError):
-            continue  # a line cut short by a kill
-    return found
-
-
 def engine_reference(recipe, measurer, out: Path, cell, target, prompts: Prompts, console: Console) -> dict:
     """prompt index -> the engine's batch-1 AR output (measured where load_reference.jsonl lacks it)."""
     from specbench.engines import BACKENDS
@@ -145,7 +131,7 @@ def engine_reference(recipe, measurer, out: Path, cell, target, prompts: Prompts
                 "output_ids": record["output_ids"],
             }
             held[i] = line | {"error": record["error"], "ids_sent": record["ids_sent"]}
-            lines.append(json.dumps(held[i]) + "\n")
+            lines.append(json.dumps({**held[i], CHECKSUM: row_checksum(held[i])}) + "\n")
         _append(Path(out) / REFERENCE_FILE, lines)
     have = {
         i: Reference(list(r["output_ids"]), True) for i, r in held.items() if r.get("output_ids") is not None

@@ -43,6 +43,7 @@ from specbench.engines.load import (
     append_requests,
     level_of,
     read_load,
+    read_references,
     write_load,
 )
 from specbench.engines.load_client import (
@@ -124,6 +125,7 @@ def run_load(
     if out.exists() and not out.is_dir():
         raise SpecbenchError(str(out), "is a file, not a directory", "name a folder for load.csv with -o")
     rows = read_load(out)
+    read_references(out)  # an edited reference line stops a resume before any work
     if rows and not resume:
         raise SpecbenchError(str(out), "already holds a load sweep", "pass --resume, or choose another -o")
     if reference is not None and not (Path(reference) / EXAMPLES).is_file():

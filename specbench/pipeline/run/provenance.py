@@ -28,7 +28,14 @@ import torch
 from rich.console import Console
 
 from specbench import sources
-from specbench.engines.load import LOAD_CSV, LOAD_SUMMARY, read_load, read_requests, read_verified
+from specbench.engines.load import (
+    LOAD_CSV,
+    LOAD_SUMMARY,
+    read_load,
+    read_references,
+    read_requests,
+    read_verified,
+)
 from specbench.errors import SpecbenchError
 from specbench.pipeline.records.results import CELLS, EXAMPLES, RESOLVED_RECIPE, ExampleLog, read_cells_csv
 from specbench.recipe import load_recipe
@@ -125,6 +132,7 @@ def _altered(directory: Path) -> list[str]:
         readers.append(lambda: read_requests(directory, {str(row["key"]) for row in read_load(directory)}))
     if (directory / LOAD_SUMMARY).is_file():
         readers.append(lambda: read_verified(directory / LOAD_SUMMARY))
+    readers.append(lambda: read_references(directory))  # load_reference.jsonl, where there is one
     for read in readers:
         try:
             read()
