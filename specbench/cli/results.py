@@ -218,7 +218,8 @@ def check(
     checked only): its resolved_recipe.yaml must still validate,
     must key every recorded row as the row is keyed (a method revision, a changed default or model
     entry changes the keys), and its trained drafters and heads must have been trained as the local
-    copies were (environment.json records a digest of each one's training). First its files are
+    copies were (environment.json records a digest of each one's training), and its published heads
+    (eagle3:, eagle1:, medusa-heads:) the files now at their source. First its files are
     checked as every reader checks them: a row, cells.csv or a sweep's file edited since it was written
     (or a checksum deleted, even every one) is "altered", whatever PROVENANCE.md says. A directory kept on
     purpose although stale names, in the first line of its PROVENANCE.md, the commit that made it and

@@ -156,6 +156,11 @@ def load(
     return drafter
 
 
+def digest(folder: Path, where: str) -> str:
+    """The digest :func:`load` records of the head in ``folder`` (its config and weights), alone."""
+    return head_files.digest(folder / "config.json", head_files.weights_file(folder, WEIGHTS, where, WHAT))
+
+
 def parameters(folder: Path, where: str) -> tuple[int, int]:
     """(the head's own parameters, the embedding rows' share of them) from the file's header."""
     import math

@@ -27,7 +27,6 @@ read. An export carries the head's explicit aux ids and ``norm_before_residual``
 
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from specbench.drafters import head_metadata
+from specbench.drafters import head_files, head_metadata
 from specbench.drafters.eagle import EagleDrafter
 from specbench.drafters.eagle3 import LAYER_FAMILIES, Eagle3Head
 from specbench.drafters.heads import follow_linear
@@ -239,6 +238,11 @@ def _vocabulary(tensors: dict, draft: int, vocab: int, path: Path, where: str) -
     tensors["d2t"], tensors["t2d"] = d2t.long(), t2d
 
 
+def digest(folder: Path, where: str) -> str:
+    """The digest :func:`read` records of the head in ``folder`` (its config and weights), alone."""
+    return head_files.digest(folder / CONFIG, _weights_file(folder, where))
+
+
 def read(folder: Path, where: str) -> HeadCheckpoint:
     """The head in ``folder`` (either layout), its own shapes checked; the target's come later."""
     config = _read_config(folder, where)
@@ -278,11 +282,6 @@ def read(folder: Path, where: str) -> HeadCheckpoint:
             f"{path}: the head's decoder layer config is not valid ({str(error).splitlines()[0][:120]})",
             "fix the config",
         ) from None
-    digest = hashlib.sha256()
-    for part in (path, weights):
-        with part.open("rb") as handle:
-            for chunk in iter(lambda handle=handle: handle.read(1 << 24), b""):
-                digest.update(chunk)
     return HeadCheckpoint(
         folder=folder,
         layout=layout,
@@ -293,7 +292,7 @@ def read(folder: Path, where: str) -> HeadCheckpoint:
         aux_layer_ids=tuple(aux) if aux else None,
         norm_before_residual=bool(config.get("norm_before_residual", False)),
         tensors=tensors,
-        digest=digest.hexdigest()[:16],
+        digest=head_files.digest(path, weights),
         speculators_config=speculators_config,
         aux_layer_ids_from=aux_from,
         aux_layer_ids_elsewhere=elsewhere,

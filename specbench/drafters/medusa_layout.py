@@ -141,6 +141,11 @@ def load(folder: Path, name: str, target, where: str) -> MedusaDrafter:
     return drafter
 
 
+def digest(folder: Path, where: str) -> str:
+    """The digest :func:`load` records of the head in ``folder`` (its config and weights), alone."""
+    return head_files.digest(folder / "config.json", head_files.weights_file(folder, WEIGHTS, where, WHAT))
+
+
 def parameters(folder: Path, where: str) -> int:
     """The heads' parameters (their LM heads included) from the file's header."""
     import math

@@ -140,6 +140,10 @@ class Source:
     # distill.json says how: its digest goes into environment.json so a stale result can be told
     # apart, and its prompts are checked against what a run evaluates
     trained_in: Callable[[str], Path] | None = None
+    # published(source) -> (folder, digest of its config and weights) of a published head as it is now,
+    # found without the network: its loader records the digest (environment.json's checkpoint), and a
+    # resume or specbench check refuses rows measured with the head since replaced at that source
+    published: Callable[[str], tuple[Path, str]] | None = None
     # tokenizer(source) -> the name of the tokenizer its weights use, where it is known before they load
     # (an alias of a published family, or a drafter trained on one): a recipe that pairs two known
     # tokenizers that differ is refused before any model loads; None: known only once loaded
@@ -188,6 +192,13 @@ def identity(source: str) -> str | None:
 
     kind = source_of(source)
     return cache.trained_identity(kind.trained_in(source)) if kind.trained_in is not None else None
+
+
+def published_head(source: str) -> tuple[Path, str] | None:
+    """(folder, digest) of the published head ``source`` names as it is now (Source.published), or
+    None for other kinds; one line where its files cannot be found here."""
+    kind = source_of(source)
+    return kind.published(source) if kind.published is not None else None
 
 
 def option_problem(source: str, options: dict) -> Problem:

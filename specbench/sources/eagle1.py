@@ -70,6 +70,18 @@ def _load(context: LoadContext):
     return drafter
 
 
+def published_head(source: str, prefix: str, digest) -> tuple[Path, str]:
+    """(folder, ``digest(folder, where)``) of the published head ``source`` names, the network not asked."""
+    folder = published_folder(source, prefix, "source", network=False)
+    return folder, digest(folder, str(folder))
+
+
+def _published(source: str) -> tuple[Path, str]:
+    from specbench.drafters.eagle1_layout import digest
+
+    return published_head(source, PREFIX, digest)
+
+
 def _facts(name, models, dtype):
     from specbench.drafters.eagle1_layout import parameters
     from specbench.models.facts import DTYPE_BYTES, ModelFacts
@@ -115,4 +127,5 @@ SOURCE = Source(
     heads=True,
     heads_for="eagle",
     check=head_options_problem,
+    published=_published,
 )

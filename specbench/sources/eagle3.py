@@ -74,6 +74,13 @@ def _load(context: LoadContext):
     return drafter
 
 
+def _published(source: str) -> tuple[Path, str]:
+    from specbench.drafters.head_layouts import digest
+
+    folder = head_folder(source, "source", network=False)
+    return folder, digest(folder, str(folder))
+
+
 def _facts(name, models, dtype):
     from specbench.drafters.head_layouts import tensor_shapes
     from specbench.models.facts import DTYPE_BYTES, ModelFacts
@@ -105,4 +112,5 @@ SOURCE = Source(
     heads=True,
     heads_for="eagle",
     check=head_options_problem,
+    published=_published,
 )

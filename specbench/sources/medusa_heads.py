@@ -13,7 +13,7 @@ name. (``medusa:<target>/<name>`` are the heads ``specbench distill`` trains.)
 from __future__ import annotations
 
 from specbench.sources import LoadContext, Source
-from specbench.sources.eagle1 import published_folder, target_of
+from specbench.sources.eagle1 import published_folder, published_head, target_of
 
 PREFIX = "medusa-heads:"
 
@@ -27,6 +27,12 @@ def _load(context: LoadContext):
     drafter = medusa_layout.load(folder, request.name, target, where)
     drafter.origin = f"Medusa heads {folder} on {request.opts['of']}"
     return drafter
+
+
+def _published(source: str):
+    from specbench.drafters.medusa_layout import digest
+
+    return published_head(source, PREFIX, digest)
 
 
 def _facts(name, models, dtype):
@@ -55,4 +61,5 @@ SOURCE = Source(
     dtype_rule=None,
     heads=True,
     heads_for="medusa",
+    published=_published,
 )

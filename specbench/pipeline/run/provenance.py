@@ -4,7 +4,7 @@ A committed run goes stale silently when the code under it changes: a method's r
 changes the cells' fingerprints, a recipe key stops validating, a drafter is retrained. This module
 re-reads a directory's ``resolved_recipe.yaml`` under today's code and asks, after checking its files
 as every reader does (each row against its checksum, cells.csv against cells.sha256: an altered
-directory is never accepted, whatever it declares), three things:
+directory is never accepted, whatever it declares), four things:
 
 * does the recipe still validate;
 * does it still key every recorded row as the row is keyed (``Runner.stale_rows``: the same check a
@@ -12,6 +12,8 @@ directory is never accepted, whatever it declares), three things:
 * were its trained models (distilled drafters, heads) trained as today's are: environment.json
   records each one's training digest (``sources.identity``, of ``Source.trained_in``), compared with
   the local copy where there is one (a machine without the drafters cannot tell, and says so).
+* are its published heads (``eagle3:``, ``eagle1:``, ``medusa-heads:``) the files now at their source:
+  environment.json records each one's digest (:mod:`specbench.pipeline.run.head_identity`).
 
 A directory kept on purpose although stale says so in ``PROVENANCE.md``: the commit that made it and
 why it stays. Only the directory's files are read; nothing is measured or written.
@@ -38,6 +40,7 @@ from specbench.engines.load import (
 )
 from specbench.errors import SpecbenchError
 from specbench.pipeline.records.results import CELLS, EXAMPLES, RESOLVED_RECIPE, ExampleLog, read_cells_csv
+from specbench.pipeline.run.head_identity import head_changes
 from specbench.recipe import load_recipe
 
 PROVENANCE = "PROVENANCE.md"
@@ -160,6 +163,9 @@ def _check_models(directory: Path, finding: Finding) -> None:
     except (OSError, ValueError):
         finding.notes.append("no readable environment.json: its models' training is not checked")
         return
+    changed, unknown = head_changes(models)
+    finding.problems += [f"{head.describe()}: its rows predate the head there now" for head in changed]
+    finding.notes += unknown
     for name, info in models.items():
         source = str(info.get("source") or "")
         try:

@@ -43,6 +43,7 @@ from specbench.pipeline.records.results import (
 from specbench.pipeline.records.rows import gold_sha
 from specbench.pipeline.run.datasets import DatasetRun, load_datasets
 from specbench.pipeline.run.environment import now, write_environment
+from specbench.pipeline.run.head_identity import check_heads_unchanged
 from specbench.pipeline.run.measure import CellModels, Measurer
 from specbench.pipeline.run.schedule import work_order
 from specbench.recipe import Cell, Recipe
@@ -283,6 +284,7 @@ class Runner(Measurer):
                 )
             self.key_scope = here.id
         recorded = environment.get("models") or {}
+        check_heads_unchanged(self.output_dir, recorded, self.recipe.models)
         for name in self.recipe.models:
             before = recorded.get(name)
             if self.allow_other_machine or not isinstance(before, dict) or not before.get("dtype"):
