@@ -84,21 +84,7 @@ class HeadCheckpoint:
 
 
 def _weights_file(folder: Path, where: str) -> Path:
-    for name in WEIGHTS:
-        if (folder / name).is_file():
-            return folder / name
-    index = next(
-        (folder / f"{n}.index.json" for n in WEIGHTS if (folder / f"{n}.index.json").is_file()), None
-    )
-    if index is not None:
-        raise SpecbenchError(
-            where,
-            f"{index} shards the head's weights, which specbench does not read",
-            "merge the shards into one model.safetensors (safetensors.torch.save_file of their union)",
-        )
-    raise SpecbenchError(
-        where, f"{folder} holds no {' or '.join(WEIGHTS)}", "point at an EAGLE-3 head's folder"
-    )
+    return head_files.weights_file(folder, WEIGHTS, where, "an EAGLE-3 head")
 
 
 def _read_config(folder: Path, where: str) -> dict:
@@ -108,15 +94,7 @@ def _read_config(folder: Path, where: str) -> dict:
         if (folder / "eagle.json").is_file():
             fix = "this is specbench's own EAGLE head: load it with source eagle:<target>/<name>"
         raise SpecbenchError(where, f"{folder} holds no {CONFIG}", fix)
-    try:
-        config = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as error:
-        raise SpecbenchError(
-            where, f"{path} is not JSON ({str(error)[:80]})", "restore the head's config.json"
-        ) from None
-    if not isinstance(config, dict):
-        raise SpecbenchError(where, f"{path} is not a JSON object", "restore the head's config.json")
-    return config
+    return head_files.read_config(folder, where, "a published EAGLE-3 head")
 
 
 def _flags(config: dict, layer: dict, path: Path, where: str) -> None:
