@@ -78,6 +78,18 @@ def batches(sequences: list[Sequence], batch_tokens: int, generator: torch.Gener
     return [groups[i] for i in torch.randperm(len(groups), generator=generator).tolist()]
 
 
+def warmup_cosine(parameters, lr: float, steps: int):
+    """(AdamW, its schedule) for a head trained ``steps`` steps: a linear warm-up over the first 5% of
+    the steps, then a cosine decay to zero."""
+    warmup = max(1, steps // 20)
+    optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)),
+    )
+    return optimizer, schedule
+
+
 def _stack(sequences, features, group):
     """(ids [B, L], features [B, L, H] or, with fused layers, [B, L, layers + 1, H], supervised
     [B, L - 1]): position t of the head predicts f_{t+1}, supervised where t + 1 is an answer's
@@ -190,12 +202,7 @@ def train_head(target, train, held_out, config, vocab, progress, features_at: Pa
         for group in batches(train, config.batch_tokens, generator)
     ]
     plan = plan[: math.ceil(config.epochs * len(plan) / math.ceil(config.epochs))]
-    warmup = max(1, len(plan) // 20)
-    optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, len(plan)) / len(plan))),
-    )
+    optimizer, schedule = warmup_cosine(head.parameters(), config.lr, len(plan))
     curve, started = [], time.perf_counter()
     task = progress.add_task("eagle head", total=len(plan), stats="")
     for step, group in enumerate(plan):

@@ -44,7 +44,7 @@ from specbench.drafters.eagle import fusion_layers
 from specbench.drafters.eagle3 import LAYER_FAMILIES, Eagle3Head
 from specbench.training import Trainer
 from specbench.training.distill import StudentConfig, write_training_curve
-from specbench.training.eagle import batches, cached_features
+from specbench.training.eagle import batches, cached_features, warmup_cosine
 from specbench.training.medusa import up_to_max_sequence
 from specbench.training.teacher import Sequence, _slug, draft_vocabulary
 
@@ -238,12 +238,7 @@ def train_layer(target, train, held_out, config: StudentConfig, vocab, progress,
     epochs = math.ceil(config.epochs)
     plan = [g for _ in range(epochs) for g in batches(train, config.batch_tokens, generator)]
     plan = plan[: max(1, math.ceil(config.epochs * len(plan) / epochs))]
-    warmup = max(1, len(plan) // 20)
-    optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, len(plan)) / len(plan))),
-    )
+    optimizer, schedule = warmup_cosine(head.parameters(), config.lr, len(plan))
     curve, started = [], time.perf_counter()
     task = progress.add_task("eagle3 layer (training-time test)", total=len(plan), stats="")
     head.train()
