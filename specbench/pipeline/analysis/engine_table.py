@@ -6,7 +6,9 @@ Each target of the run is a *setup*: an engine on one file of weights (``llama.c
 same setup's AR with its paired bootstrap interval (cells.csv's ``speedup_vs_ar``), tokens per target
 pass, the share of drafted tokens accepted, and the engine's own acceptance figure (vLLM's and
 llama.cpp's 1 + accepted / drafts, over the passes that drafted). A drafting cell's tokens per pass is
-set against specbench's eager cell of the same method, drafter source and k ("ours").
+set against specbench's eager cell of the same method, drafter source and k ("ours"); where that misses,
+again past the prefill pass, which the engines never draft in and ours do, so a gap the prefill
+rule alone explains is told from one it does not.
 
 An AR cell's time per output token (TPOT: after the first token, so the prefill is out) stands beside
 the memory-bandwidth limit, the bytes one pass reads (the whole weights, as ``probe --roofline`` prices a
@@ -35,13 +37,40 @@ from specbench.pipeline.analysis.statistics import paired_bootstrap_ratio
 
 AR_GOAL = 1.2  # specbench's compiled AR time per token over llama.cpp's BF16 AR's, at most
 ACCEPTANCE_GOAL = 0.02  # an engine's tokens per target pass within 2% of ours
-# the rule each engine's speculation follows that ours does not, by engine and speculative type
+STATISTICAL_SOURCES = ("prompt-lookup", "maxgram")  # n-gram drafters: the engines' n-gram types
+_PREFILL = "ours verify a first draft inside the prefill pass"
+# the rule each engine's speculation follows that ours does not, by engine and drafter kind
 RULES = {
-    "vllm": "vLLM drafts from its second pass on; ours verify a first draft inside the prefill pass",
-    "llama.cpp": "llama.cpp drafts from its second pass on (draft-simple); ngram-simple looks up one "
-    "n-gram length (no shorter fallback), takes its most recent earlier match, and drafts nothing when "
+    ("vllm", "model"): f"vLLM drafts from its second pass on (draft_model); {_PREFILL}",
+    ("vllm", "ngram"): f"vLLM drafts from its second pass on (ngram); {_PREFILL}",
+    ("llama.cpp", "model"): f"llama.cpp drafts from its second pass on (draft-simple); {_PREFILL}",
+    ("llama.cpp", "ngram"): f"llama.cpp drafts from its second pass on; {_PREFILL}; ngram-simple looks up "
+    "one n-gram length (no shorter fallback), takes its most recent earlier match, and drafts nothing when "
     "fewer than max_ngram tokens follow it",
 }
+
+
+def rule(engine: str, drafter_source: str) -> str:
+    """The rule that differs for an engine's cell drafting from ``drafter_source``."""
+    kind = "ngram" if drafter_source in STATISTICAL_SOURCES else "model"
+    return RULES.get((engine, kind), "none known")
+
+
+def past_prefill(rows: Sequence[dict], dataset: str, cell: str) -> float:
+    """Committed tokens per target pass after the prefill pass, pooled over ``cell``'s rows: what an
+    engine that never drafts in its prefill is compared on. Per row, the prefill pass's commitment (its
+    draft's accepted tokens + 1: ``steps[0]``) and the pass are left out; NaN without such rows."""
+    tokens = passes = 0
+    for r in rows:
+        if r["dataset"] != dataset or r["cell"] != cell or not r.get("steps"):
+            continue
+        counts = r.get("forwards") or {}
+        target = counts.get(r.get("target")) if isinstance(counts, dict) else None
+        if not isinstance(target, dict) or target.get("forward_passes", 0) < 2:
+            continue
+        tokens += r["n_tokens"] - (r["steps"][0][1] + 1)
+        passes += target["forward_passes"] - 1
+    return tokens / passes if passes else math.nan
 
 
 @dataclass(frozen=True)
