@@ -385,3 +385,39 @@ def test_stream_counts_reach_the_request_record_through_a_real_socket():
 async def _stream(port: int):
     body = load_client.completion_body("m", [1, 2], 3, [])
     return await load_client.stream_completion(load_client.Endpoint.local(port), body, 5.0)
+
+
+# -- `specbench report --html` on a sweep alone ---------------------------------------------------------
+
+
+def test_report_html_on_a_sweep_alone_writes_its_serving_page(sweep_dir, fewer_resamples, tmp_path):
+    before = sorted(p.name for p in sweep_dir.iterdir())
+    page, twin = tmp_path / "page.html", tmp_path / "page.json"
+    result = CliRunner().invoke(app, ["report", str(sweep_dir), "--html", str(page), "--json", str(twin)])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "holds a load sweep and no cells.csv" in said and f"specbench serving {sweep_dir}" in said
+    text = page.read_text()
+    assert "<title>specbench load sweep sweep</title>" in text
+    assert text.count('data-interval="ng2"') >= 4  # the speedup charts' error bars
+    assert "frontier tiny" in text and "per level only" in text  # ng4 sent no request's counts
+    sections = json.loads(twin.read_text())["sections"]
+    assert sorted(sections) == ["Load", "Machine"]
+    assert sections["Load"]["k_schedule"]["families"][0]["levels"][1]["k_goodput"] == 2
+    ng2 = {e["level"]: e for e in sections["Load"]["acceptance"] if e["cell"] == "ng2"}
+    assert ng2["x1"]["per_request_n"] == 2 and ng2["x1"]["per_request_mean"] == pytest.approx(
+        (11 / 6 + 11 / 10) / 2
+    )
+    assert sorted(p.name for p in sweep_dir.iterdir()) == before  # nothing written beside the sweep
+
+
+def test_report_on_a_sweep_alone_without_a_page_or_unreadable_is_one_line(sweep_dir, tmp_path):
+    plain = CliRunner().invoke(app, ["report", str(sweep_dir)])
+    assert plain.exit_code == 2 and len(plain.output.strip().splitlines()) == 1, plain.output
+    said = " ".join(plain.output.split())
+    assert "holds a load sweep (load.csv) and no cells.csv" in said and "--html FILE" in said
+    pd.read_csv(sweep_dir / "load.csv").drop(columns=["key"]).to_csv(sweep_dir / "load.csv", index=False)
+    page = tmp_path / "page.html"
+    broken = CliRunner().invoke(app, ["report", str(sweep_dir), "--html", str(page)])
+    assert broken.exit_code == 2 and len(broken.output.strip().splitlines()) == 1, broken.output
+    assert "has no column 'key'" in broken.output and not page.exists()  # not a page with a paragraph

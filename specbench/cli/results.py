@@ -57,7 +57,8 @@ def report(
         help="Also write the run as one self-contained HTML page (opens from disk, fetches nothing): the "
         "machine card, these tables with their intervals and why-lines, acceptance by position, tokens "
         "per step, the lossless tally with the diverging examples, predicted vs measured speedup, the load "
-        "curves and the cascades' quality-latency frontier where the run has them. RESULTS must be one run.",
+        "curves and the cascades' quality-latency frontier where the run has them. RESULTS must be one "
+        "run, or a load sweep's directory alone (load.csv, no cells.csv), whose page is its serving views.",
     ),
     json: Path = typer.Option(
         None, "--json", help="Also write the HTML page's numbers as JSON (for other tools); one run."
@@ -125,12 +126,13 @@ def report(
     else:
         from specbench.pipeline.views.report import render
 
+        alone = False  # a load sweep without a run's cells.csv: no tables, its page is the serving views
         if html or json:  # before the tables: a folder of runs or a bad path is refused first
-            from specbench.pipeline.views.run_page import run_directory
+            from specbench.pipeline.views.run_page import run_directory, sweep_alone
 
-            run_directory(results)
+            alone = sweep_alone(run_directory(results))
             _check_page_outputs(html, json)
-        text = render(results, format)
+        text = None if alone else render(results, format)
     write_text(text)
     if (html or json) and by == "k":
         from specbench.pipeline.views.by_k import by_k_page
@@ -139,10 +141,17 @@ def report(
         _write_page(html, page, json, twin)
     elif html or json:
         from specbench.papers.registry import paper_sections
-        from specbench.pipeline.views.run_page import render_run, run_directory
+        from specbench.pipeline.views.run_page import render_run, run_directory, sweep_alone
 
         page, twin = render_run(results, paper_sections(run_directory(results)))
         _write_page(html, page, json, twin)
+        if sweep_alone(results):
+            err.print(
+                f"{results} holds a load sweep and no cells.csv: no run tables; the page shows the "
+                f"sweep's serving views (`specbench serving {results}` prints them)",
+                highlight=False,
+                soft_wrap=True,
+            )
 
 
 def _check_page_outputs(html: Path | None, json: Path | None) -> None:

@@ -4,9 +4,12 @@
   whose ``timings`` carry ``draft_n`` (draft tokens proposed) and ``draft_n_accepted`` once the request
   drafted (absent before); it gives no count of drafting steps.
 - vLLM 0.32 adds ``metrics.speculative_decoding`` (``num_draft_tokens``, ``num_accepted_draft_tokens``,
-  ``num_spec_steps``) to the final usage chunk when the server runs with
-  ``--per-request-spec-decode-metrics summary``; without it vLLM's counts are its ``/metrics`` counters,
-  summed over a level.
+  ``num_spec_steps``, beside ``mean_acceptance_length``, ``draft_acceptance_rate``,
+  ``acceptance_histogram`` and ``num_spec_tokens``) to the final usage chunk of a stream that asked for
+  usage (and to the body of a response that does not stream) when the server runs with
+  ``--per-request-spec-decode-metrics summary`` (or ``detailed``), which specbench passes to every
+  speculating server it starts (:mod:`specbench.engines.vllm`). A server without it (one specbench did
+  not start may lack it) sends none; its counts are then only its ``/metrics`` counters, per level.
 
 Either becomes ``{"draft_tokens", "accepted", "steps"}`` (``steps`` None where the server gives none);
 the last message that carries counts wins, as both servers send running totals.

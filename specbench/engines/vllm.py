@@ -361,6 +361,10 @@ def _open(request, served) -> VLLMTarget:
     return target
 
 
+# vLLM 0.32's ObservabilityConfig.per_request_spec_decode_metrics: "none" (its default), "summary"
+# (counts and the accepted-per-step histogram) or "detailed" (also every step's counts, in order)
+PER_REQUEST_FLAG, PER_REQUEST_LEVEL = "--per-request-spec-decode-metrics", "summary"
+
 FLAGS = {  # engine_options that `vllm serve` takes as flags
     "max_model_len": "--max-model-len",
     "tensor_parallel_size": "--tensor-parallel-size",
@@ -390,6 +394,9 @@ def _serve(target: VLLMTarget, spec: dict | None, drafter, port: int) -> tuple[l
     config = target.speculative_config(spec, drafter)
     if config:
         command += ["--speculative-config", json.dumps(config)]
+        # each request's own drafted / accepted counts in its stream's final usage chunk, for the
+        # per-request acceptance; vLLM refuses the flag on a server that does not speculate
+        command += [PER_REQUEST_FLAG, PER_REQUEST_LEVEL]
     return command, {"VLLM_CPU_KVCACHE_SPACE": str(target.options.get("kv_cache_gib", 2))}
 
 

@@ -134,7 +134,14 @@ def summarize(level_fields: dict, records: list[dict], elapsed: float, grown: di
     drafts, accepted = grown.get("drafts", 0.0), grown.get("accepted", 0.0)
     row["drafts"], row["draft_tokens"], row["accepted"] = drafts, grown.get("draft_tokens", 0.0), accepted
     row.update(acceptance(row["output_tokens"], drafts, accepted))
+    row["request_counts"] = request_counts(records)
     return row
+
+
+def request_counts(records: list[dict]) -> int:
+    """How many completed requests carried their own speculative counts: the per-request acceptance's
+    source (0: acceptance is only the server's /metrics counters, per level)."""
+    return sum(1 for r in records if _completed(r) and isinstance(r.get("spec"), dict))
 
 
 def acceptance(tokens: float, drafts: float, accepted: float) -> dict:
@@ -308,6 +315,8 @@ def level_summary(
         summary["server_figures"] = members[0].get("server_figures")
         drafts, accepted = (sum(float(r.get(c) or 0) for r in done) for c in ("drafts", "accepted"))
         summary.update(drafts=drafts, accepted=accepted)
+        counted = [r.get("request_counts") for r in done]  # NaN or absent: a row from before the column
+        summary["request_counts"] = sum(int(n) for n in counted if n is not None and math.isfinite(float(n)))
         summary.update(acceptance(sum(float(r.get("output_tokens") or 0) for r in done), drafts, accepted))
         mine = repeats[(cell, level)]
         if mine:

@@ -39,6 +39,14 @@ def run_directories(results: Path) -> list[Path]:
     results = Path(results)
     files = [results / CELLS] if (results / CELLS).is_file() else sorted(results.glob(f"*/{CELLS}"))
     if not files:
+        from specbench.engines.load import LOAD_CSV
+
+        if (results / LOAD_CSV).is_file():
+            raise SpecbenchError(
+                str(results),
+                f"holds a load sweep ({LOAD_CSV}) and no {CELLS}: it has no run tables",
+                f"read it with `specbench serving {results}`, or `specbench report {results} --html FILE`",
+            )
         raise SpecbenchError(
             str(results),
             f"no {CELLS} found here or one level below",

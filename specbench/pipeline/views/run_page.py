@@ -60,10 +60,18 @@ def run_directory(results: Path) -> Path:
     return results
 
 
+def sweep_alone(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a `specbench load` sweep and no run's cells.csv: its page is the sweep's
+    serving views."""
+    from specbench.engines.load import LOAD_CSV
+
+    return (Path(run_dir) / LOAD_CSV).is_file() and not (Path(run_dir) / CELLS).is_file()
+
+
 def run_sections(run_dir: Path) -> list[Section]:
     run_dir = run_directory(run_dir)
-    if not (run_dir / CELLS).is_file():  # a load sweep alone
-        return [machine_section(run_dir), load_section(run_dir)]
+    if sweep_alone(run_dir):  # a sweep that cannot be read is the page's error, not a paragraph on it
+        return [machine_section(run_dir), load_section(run_dir, alone=True)]
     cells, frame, notes = report_parts(run_dir)
     rows = read_examples(run_dir)
     return [
@@ -83,7 +91,7 @@ def render_run(run_dir: Path, extra: list[Section] = ()) -> tuple[str, str]:
     sections = run_sections(run_dir) + [s for s in extra if s is not None]
     environment = read_environment(run_dir)
     recipe = environment.get("recipe") or ""
-    title = f"specbench run {run_dir.name}"
+    title = f"specbench {'load sweep' if sweep_alone(run_dir) else 'run'} {run_dir.name}"
     subtitle = f"{run_dir}" + (f" · recipe {recipe}" if recipe else "")
     about = {"run": str(run_dir), "recipe": recipe, "git": environment.get("git")}
     return html.page(title, subtitle, sections), html.twin(sections, about)
@@ -347,11 +355,11 @@ def prediction_section(cells: pd.DataFrame) -> Section:
     return Section("Predicted speedup", _figures([chart]) + text, data)
 
 
-def load_section(run_dir: Path) -> Section:
+def load_section(run_dir: Path, alone: bool = False) -> Section:
     """The load sweep's views (:mod:`specbench.pipeline.views.serving_page`)."""
     from specbench.pipeline.views.serving_page import load_section as serving_section
 
-    return serving_section(run_dir)
+    return serving_section(run_dir, alone)
 
 
 def _figures(figures: list[str]) -> str:

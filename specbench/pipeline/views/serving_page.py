@@ -22,13 +22,17 @@ from specbench.pipeline.views.html import Cell, Row, Section
 KINDS = {"concurrency": "concurrent requests", "rate": "requests per second (open loop)"}
 
 
-def load_section(run_dir: Path) -> Section:
+def load_section(run_dir: Path, alone: bool = False) -> Section:
+    """The section; where the sweep cannot be read, a paragraph saying why on a run's page, or with
+    ``alone`` (the page is the sweep's own) that one-line error, as every other reader of it gives."""
     from specbench.engines.load import LOAD_CSV
     from specbench.pipeline.views.serving_view import schedule_document
 
     try:
         sweep = read_sweep(run_dir)
     except SpecbenchError as error:
+        if alone:
+            raise
         if (Path(run_dir) / LOAD_CSV).is_file():
             return Section("Load", html.paragraph(str(error)), [])
         return Section("Load", html.paragraph(f"no {LOAD_CSV} here (specbench load writes one)"), [])

@@ -42,8 +42,9 @@ VIEWS = {
     ),
     "acceptance": (
         "tokens per verification step pooled over a level (the server's counters) beside the per-request "
-        "mean and p10/p50/p90 where the server sends each request's counts (llama.cpp; vLLM with "
-        "--per-request-spec-decode-metrics); 'per level only' where it does not"
+        "mean and p10/p50/p90 where the server sends each request's counts (llama.cpp; vLLM as specbench "
+        "starts it, with --per-request-spec-decode-metrics summary, or a remote vLLM run with that flag), "
+        "counted in load.csv's request_counts; 'per level only' where it sends none"
     ),
     "split": "the draft / verify / overhead time split where the engine exposes it, else what it exposes",
 }
