@@ -142,7 +142,8 @@ def test_cells_map_to_llama_cpps_speculative_types():
 @pytest.mark.parametrize(
     ("view", "field", "says"),
     [
-        (_view(method="eagle"), "method", "draft-eagle3"),
+        (_view(method="eagle"), "drafter", "draft-eagle3 runs EAGLE-3 heads"),
+        (_view(method="medusa"), "method", "no method 'medusa'"),
         (_view(kind="statistical"), "drafter", "max_ngram"),
         (_view(kind="statistical", max_ngram=4, k=3), "params.k", "use k >= 4"),
         (_view(kind="statistical", max_ngram=2, bigram="b.json"), "drafter", "bigram"),

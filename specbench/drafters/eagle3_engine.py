@@ -3,7 +3,8 @@ itself, from an export in the speculators layout (vLLM's ``speculative_config`` 
 "model": <export>}``), so this process only reads the head once, checks it against the target's config,
 and writes the export where the specbench cache keeps it by the head's digest
 (``<cache>/exports/eagle3-speculators/<digest>``): the same head is exported once, and a changed head
-is another folder, so another engine setting."""
+is another folder, so another engine setting. A target whose engine has its own limits on heads (its
+``check_head``: llama.cpp's draft-eagle3, which converts the head to GGUF itself) refuses one as it loads."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ class Eagle3HeadForEngine:
 
     def __init__(self, name: str, folder: Path, served, where: str):
         checkpoint = head_layouts.read(folder, f"{where}.source")
-        config = _target_config(getattr(served, "directory", None))
+        # llama.cpp serves a GGUF file: its target's checkpoint folder holds the config
+        config = _target_config(getattr(served, "weights_folder", getattr(served, "directory", None)))
         aux = None
         if config is not None:
             stand_in = SimpleNamespace(
@@ -41,6 +43,9 @@ class Eagle3HeadForEngine:
                 name=served.name,
             )
             aux = list(head_layouts.check_target(checkpoint, stand_in, where))
+        engine_check = getattr(served, "check_head", None)  # the engine's own limits on a head
+        if engine_check is not None:
+            engine_check(checkpoint, aux, where)
         self.name, self.folder, self.verifier = name, folder, getattr(served, "directory", None)
         self._checkpoint = checkpoint
         self.digest = checkpoint.digest

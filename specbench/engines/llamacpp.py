@@ -11,7 +11,8 @@ tokenizer that builds each request. One server per speculative setting runs on a
 127.0.0.1, kept while the run interleaves cells, and is always stopped
 (:mod:`specbench.engines.llamacpp_server`).
 
-Cells map to llama.cpp's speculative types: ``autoregressive`` to none; ``speculative`` with a model
+Cells map to llama.cpp's speculative types: ``autoregressive`` to none; an ``eagle`` chain with an EAGLE-3
+head to ``draft-eagle3`` (:mod:`specbench.engines.llamacpp_eagle3`); ``speculative`` with a model
 drafter to ``draft-simple`` (``-md`` the drafter's GGUF, ``--spec-draft-n-max`` = k, ``--spec-draft-n-min``
 = 0 and ``--spec-draft-p-min`` = 0, the exact algorithm's: every step drafts k tokens, none is dropped
 for a low drafter probability); ``speculative`` with a ``prompt-lookup`` drafter to ``ngram-simple``
@@ -43,6 +44,7 @@ from specbench.decoding.generation import Generation
 from specbench.engines import Backend, CellView, EngineModel, Problem
 from specbench.engines import llamacpp_client as client
 from specbench.engines import llamacpp_convert as convert
+from specbench.engines import llamacpp_eagle3 as eagle3
 from specbench.engines import llamacpp_server as servers
 from specbench.engines.accounting import (
     AccountingError,
@@ -97,17 +99,7 @@ def _speculation(cell: CellView) -> tuple[dict | None, Problem]:
     if cell.method == BASELINE:
         return None, None
     if cell.method != "speculative":
-        why = (
-            " (its draft-eagle3 reads EAGLE-3 heads in its own GGUF layout, which specbench does not write)"
-            if "eagle" in cell.method
-            else ""
-        )
-        return None, (
-            "method",
-            f"llama.cpp has no method {cell.method!r} mapped in specbench{why}",
-            "use autoregressive, or speculative with a GGUF drafter or a prompt-lookup drafter, on an "
-            "engine: llama.cpp target",
-        )
+        return eagle3.speculation(cell)
     if cell.params.get("lenience", 1.0) != 1.0:
         return None, ("params.lenience", "llama.cpp's verification has no lenience", "use lenience: 1")
     k = cell.params["k"]
@@ -234,8 +226,15 @@ class LlamaCppTarget(EngineModel):
                         "use a drafter of the target's family (the same tokenizer)",
                     )
                 config |= {"model_draft": str(path), "draft_file_type": draft.file_type}
+            elif config and config["spec_type"] == eagle3.SPEC_TYPE:
+                config.pop("draft_source")  # the head's digest names it in the config instead
+                config |= eagle3.head_config(self, drafter, f"models.{drafter.name}")
             self._configs[key] = config
         return self._configs[key]
+
+    def check_head(self, checkpoint, aux, where: str) -> None:
+        """Refuse, as it loads, an EAGLE-3 head for this target that draft-eagle3 cannot run."""
+        eagle3.check_head(checkpoint, aux, self.weights_folder, where)
 
     def prepare(self, spec: dict | None, drafter=None) -> float:
         """Start the server for ``spec`` unless it runs; the seconds starting took (the GGUF's load)."""
@@ -399,8 +398,8 @@ def generation_from_stream(
     forwards = {
         name: target_forwards(steps, prompt, streamed.walltime)
     }  # the server's whole time (drafting included)
-    if spec and spec["spec_type"] == "draft-simple":
-        drafted = sum(d for d, _ in steps)  # a draft-model pass per proposed token
+    if spec and spec["spec_type"] in ("draft-simple", eagle3.SPEC_TYPE):
+        drafted = sum(d for d, _ in steps)  # a draft-model (or head) pass per proposed token
         forwards[drafter or "drafter"] = {
             "forward_passes": drafted,
             "tokens_scored": drafted,
@@ -469,6 +468,7 @@ def _open(request, served) -> LlamaCppTarget:
         f"loaded for the tokenizer ({served.dtype_reason})"
     )
     target.reference = module if options.get("audit_sampling") else None
+    target.weights_folder = eagle3.target_folder(request.source)  # what an EAGLE-3 head converts with
     return target
 
 

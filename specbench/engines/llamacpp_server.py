@@ -87,7 +87,7 @@ def command(server: str, gguf: str, spec: dict | None, options: dict, port: int,
             line += [flag, str(options[name])]
     if spec:
         line += ["--spec-type", spec["spec_type"]]
-        if spec["spec_type"] == "draft-simple":
+        if spec["spec_type"] in ("draft-simple", "draft-eagle3"):  # a draft model's or a head's GGUF
             line += ["-md", spec["model_draft"]]
             line += ["--spec-draft-n-min", str(spec["n_min"]), "--spec-draft-p-min", str(spec["p_min"])]
         else:  # ngram-simple: the n-gram looked up and the tokens copied after it
