@@ -160,6 +160,13 @@ KNOWN_OFF = {
         "gsm8k/test",
         "cs-small-mag-no-horizontal",
     ): 0.07,
+    # three k = 4 cells on the short `passages` outputs (about 30 tokens, 8 target passes): ours eager,
+    # ours compiled and vLLM's; the theory is 6.9% above the measured SWI there (2.6% at k = 2, within
+    # 0.2% on `arithmetic`'s longer outputs); the cause is not traced yet (issue 59's session-27 note)
+    **{
+        ("engines/qwen_three_engines/amd-epyc-family25-avx512-bf16", "passages/test", cell): 0.07
+        for cell in ("sd[k=4]", "sd-compiled[k=4]", "vllm-sd[k=4]")
+    },
 }
 
 
