@@ -133,10 +133,10 @@ def checkpoint_tensors(folder: Path) -> int:
     return count
 
 
-def check_file(path: Path, tensors: int, general_name: str, where: str) -> dict:
-    """The converted file's facts, or a one-line error: the GGUF magic, file type BF16, the
-    ``general.name`` it was given, and ``tensors`` tensors (the checkpoint's; none dropped)."""
-    from gguf import GGUFReader, LlamaFileType
+def read_converted(path: Path, where: str):
+    """A converted file's GGUF reader and a ``value(key)`` of its metadata (None where absent), or one
+    line: the file does not start with the GGUF magic, or does not parse."""
+    from gguf import GGUFReader
 
     with open(path, "rb") as handle:
         if handle.read(4) != b"GGUF":
@@ -152,6 +152,15 @@ def check_file(path: Path, tensors: int, general_name: str, where: str) -> dict:
         field = reader.get_field(key)
         return None if field is None else field.contents()
 
+    return reader, value
+
+
+def check_file(path: Path, tensors: int, general_name: str, where: str) -> dict:
+    """The converted file's facts, or a one-line error: the GGUF magic, file type BF16, the
+    ``general.name`` it was given, and ``tensors`` tensors (the checkpoint's; none dropped)."""
+    from gguf import LlamaFileType
+
+    reader, value = read_converted(path, where)
     name, file_type = value("general.name"), value("general.file_type")
     if file_type != LlamaFileType.MOSTLY_BF16:
         raise SpecbenchError(

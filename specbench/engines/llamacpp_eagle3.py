@@ -252,22 +252,7 @@ def check_file(path: Path, checkpoint, aux: list[int], general_name: str, where:
     """The converted head's facts, or one line: an ``eagle3`` GGUF of ``general_name`` with the aux
     layers, target width and residual rule of ``checkpoint``, every tensor the loader reads, and a
     ``d2t`` of the draft vocabulary's length."""
-    from gguf import GGUFReader
-
-    with open(path, "rb") as handle:
-        if handle.read(4) != b"GGUF":
-            raise SpecbenchError(where, f"{path} does not start with the GGUF magic", "convert again")
-    try:
-        reader = GGUFReader(path)
-    except (ValueError, OSError, IndexError) as error:
-        raise SpecbenchError(
-            where, f"{path} is not a readable GGUF file ({error})", "convert again"
-        ) from None
-
-    def value(key: str):
-        field = reader.get_field(key)
-        return None if field is None else field.contents()
-
+    reader, value = convert.read_converted(path, where)
     tensors = {tensor.name: tensor for tensor in reader.tensors}
     loaded = [*LOADED, *(["token_embd.weight"] if "embed_tokens.weight" in checkpoint.tensors else [])]
     found = {
