@@ -267,6 +267,15 @@ class Record:
     # the intervals a report writes as bounds ("0.853-0.937", "0.101 to 0.264", "[1.57, 1.70]")
     bounds: tuple[tuple[float, float], ...] = ()
 
+    @functools.cached_property
+    def where(self) -> str:
+        """The row as a reader finds it: ``results/.../report.txt:42`` (a line), or a cell of a run as
+        ``results/.../cells.csv:7`` (its line in the file)."""
+        path, row = Path(self.row[0]), self.row[1]
+        if path.is_dir():
+            return f"{(path / 'cells.csv').relative_to(ROOT).as_posix()}:{row + 2}"
+        return f"{path.relative_to(ROOT).as_posix()}:{row + 1}"
+
     def of_unit(self, unit: str, decimals: int = 0) -> tuple[float, ...]:
         """Its values a number of ``unit`` written with ``decimals`` decimals can be: a value a report
         wrote with fewer decimals cannot be quoted with more."""
@@ -449,16 +458,21 @@ def unmatched(paragraph: Paragraph, text: str | None = None) -> list[str]:
     return [shown(quoted) for quoted in quoted_numbers(text) if not holds(paragraph, text, quoted)]
 
 
-def holds(paragraph: Paragraph, text: str, quoted: Quoted) -> bool:
+def holds(paragraph: Paragraph, text: str, quoted: Quoted, within: frozenset[str] | None = None) -> bool:
     """A file the paragraph cites holds ``quoted`` (of ``text``), in a record its sentence may speak of
     (doc_cells.py), and in one row with the numbers it is compared with (``A against B, a-b``: two
-    cells and their paired interval); or the sentence speaks of a paper and quotes its number."""
+    cells and their paired interval); or the sentence speaks of a paper and quotes its number. ``within``:
+    only the rows of those :attr:`Record.where` (a pin's, doc_pins.py)."""
     named = {} if quoted.kind == "interval" else named_around(text, quoted.start)
     records = _records_named(paragraph.cited, tuple(sorted(named.items())))
+    papers = _paperrecords_of()
+    if within is not None:
+        records = tuple(r for r in records if r.where in within)
+        papers = tuple(r for r in papers if r.where in within)
     compared = _compared_with(text, quoted)
     if compared and _in_one_row([quoted, *compared], records) or not compared and is_in(quoted, records):
         return True
-    return bool(PAPER_WORDS.search(_sentence(text, quoted.start))) and is_in(quoted, _paperrecords_of())
+    return bool(PAPER_WORDS.search(_sentence(text, quoted.start))) and is_in(quoted, papers)
 
 
 @functools.lru_cache(maxsize=4096)
