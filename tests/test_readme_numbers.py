@@ -318,8 +318,10 @@ def test_a_changed_digit_of_a_pinned_number_fails_the_whole_check(key: Key):
     assert any(f": {key.number} after '{key.before}' is quoted no more" in p for p in problems), problems
 
 
-def test_the_pins_are_many_and_sampled():
-    assert len(PINS) >= 300 and len(_pinned_sample()) == PIN_SAMPLE
+def test_the_pinned_sample_spans_the_three_kinds_of_document():
+    documents = {ROOT / key.document for key in _pinned_sample()}
+    assert len(_pinned_sample()) == PIN_SAMPLE
+    assert all(documents & set(kind) for kind in KINDS_OF_DOCUMENT)
 
 
 def test_a_changed_digit_of_an_interval_or_its_bounds_always_fails_the_check():
