@@ -160,6 +160,12 @@ KNOWN_OFF = {
         "gsm8k/test",
         "cs-small-mag-no-horizontal",
     ): 0.07,
+    # the same cell (K = [[2]]) on the Qwen2.5-Coder pair's 30 MMLU problems: 5.7% below the measured SWI
+    (
+        "cs_drafting/qwen_table3_offline/amd-epyc-family25-avx512-bf16",
+        "mmlu/test",
+        "cs-small-mag-no-horizontal",
+    ): 0.07,
     # three k = 4 cells on the short `passages` outputs (about 30 tokens, 8 target passes): ours eager,
     # ours compiled and vLLM's; the theory is 6.9% above the measured SWI there (2.6% at k = 2, within
     # 0.2% on `arithmetic`'s longer outputs); the cause is not traced yet (issue 59's session-27 note)
