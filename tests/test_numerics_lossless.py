@@ -186,6 +186,40 @@ def test_batch_and_incremental_scoring_may_prefer_different_tied_tokens():
     assert fields["divergence_top2"] is False and fields["divergence_class"] == "mismatch"
 
 
+class ThreeWayTarget(DesignedTarget):
+    """At the tie, AR's token A on 16.625, B on 16.5 and C on 16.375 in bfloat16, as the Qwen2.5-Coder-1.5B
+    scored MMLU problem 9900 a token a pass (results/cs_drafting/qwen_table3_offline)."""
+
+    def score(self, tokens: torch.Tensor, n_candidates: int, hidden=()) -> Pass:
+        scored = super().score(tokens, n_candidates, hidden)
+        rows = scored.logits
+        for row, position in enumerate(range(tokens.shape[0] - n_candidates, tokens.shape[0] + 1)):
+            if position == self.tie_at:
+                rows[row].zero_()
+                rows[row, [A, B, C]] = torch.tensor([16.625, 16.5, 16.375], dtype=rows.dtype)
+        return Pass(rows)
+
+
+C = B + 1  # a third token; the top-2 pair at the tie is then {A, B}
+
+
+def test_a_three_way_near_tie_explains_the_third_token_and_a_far_token_does_not():
+    """A method that takes C, third and 0.25 below A (bfloat16 tolerance 0.52 at a logit of 16.6), is a
+    tie although {A, C} is not the top-2 pair; one that takes a token 16.625 below A is a mismatch. The
+    gap recorded is the top logit minus the lower of the two tokens'."""
+    prompt = torch.tensor([10, 20, 30])
+    reference = [31, 32, 33, A, 66, 67]
+    target = ThreeWayTarget(dtype=torch.bfloat16)
+    fields = classify(target, prompt, reference, [31, 32, 33, C, 67, 68], TIE_AT)
+    assert fields["divergence_top2"] is False  # B is second
+    assert fields["divergence_gap"] == {"batch": 0.25, "incremental": 0.25}
+    assert fields["divergence_tolerance"] == pytest.approx(16.625 * 4 * 2**-7)
+    assert fields["divergence_class"] == "tie"
+    far = classify(target, prompt, reference, [31, 32, 33, 200, 67, 68], TIE_AT)
+    assert far["divergence_gap"] == {"batch": 16.625, "incremental": 16.625}
+    assert far["divergence_class"] == "mismatch"
+
+
 def test_tolerance_is_relative_to_the_top_logit_and_set_by_dtype():
     assert tolerance(torch.float64, 0.5) == 1e-9
     assert tolerance(torch.float32, -20.0) == pytest.approx(20 * 1e-4)

@@ -13,11 +13,12 @@ fed prompt + y[:i] twice, through the model interface (``start``, ``score``) so 
 * ``batch``: one pass over prompt and prefix (as a verification scores its block);
 * ``incremental``: the prompt, then one token a pass with the KV cache (as AR decoding does).
 
-From the logits predicting position i each gives the top-1 minus top-2 margin and its argmax. The
-row is a ``tie`` when the smaller margin is below the tolerance of the target's dtype and the AR and
-the method's tokens are the target's two best (in either computation), else a ``mismatch``: a near-tie
-explains a choice between the two near-tied tokens, not a third one. The extra passes run after the
-generation and leave the target's counters as they found them, so the row's counts are the method's.
+From the logits predicting position i each gives the top-1 minus top-2 margin, its argmax, and the gap
+from its top logit down to the lower of the AR and the method's tokens. The row is a ``tie`` when that
+gap is below the tolerance of the target's dtype in either computation (both tokens are then within
+rounding of the best, though a third near-tied token may sit between them), else a ``mismatch``: a
+near-tie explains a choice among the near-tied tokens, not one further down. The extra passes run after
+the generation and leave the target's counters as they found them, so the row's counts are the method's.
 """
 
 from __future__ import annotations
@@ -90,20 +91,23 @@ def classify(
     """The row fields of a divergence at ``i`` of ``tokens`` from the AR output ``reference``."""
     prefix = torch.as_tensor(list(reference[:i]), dtype=torch.long, device=prompt_ids.device)
     logits = next_token_logits(target, prompt_ids, prefix)
-    margins, best, pairs = {}, {}, []
+    ar = int(reference[i]) if i < len(reference) else None
+    method = int(tokens[i]) if i < len(tokens) else None
+    margins, best, pairs, gaps = {}, {}, [], {}
     for name, row in logits.items():
         top = row.double().topk(2)
         margins[name] = float(top.values[0] - top.values[1])
         best[name] = int(row.argmax())  # what greedy decoding takes: the first of tied maxima
         pairs.append(set(top.indices.tolist()))
-    ar = int(reference[i]) if i < len(reference) else None
-    method = int(tokens[i]) if i < len(tokens) else None
+        if ar is not None and method is not None:
+            gaps[name] = float(top.values[0] - row[[ar, method]].double().min())
     top2 = ar is not None and method is not None and {ar, method} in pairs
     top1 = max(abs(float(row.double().max())) for row in logits.values())
     tol = tolerance(weights_dtype(target, logits["batch"]), top1, logits["batch"].device)
     return {
-        "divergence_class": "tie" if top2 and min(margins.values()) < tol else "mismatch",
+        "divergence_class": "tie" if gaps and min(gaps.values()) < tol else "mismatch",
         "divergence_margin": margins,
+        "divergence_gap": gaps,
         "divergence_tolerance": tol,
         "divergence_tokens": {"ar": ar, "method": method, **best},
         "divergence_top2": top2,
