@@ -62,8 +62,8 @@ TOKENS = re.compile(r"\s+(?:[a-z]+\s+)?tokens?\b")
 GOAL = re.compile(r"\bgoal\b[^.;]*$")  # a goal an issue set, here and wherever restated
 PRODUCED = re.compile(r"(?:generat|commit|accept|produc|emit)\w*\s+(?:[\w-]+\s+){0,2}$")
 REFERENCE = re.compile(
-    r"(?:§|\b(?:Sec|Secs|Section|App|Appendix|Table|Tables|Fig|Figs|Figure|Figures|Theorem|Lemma|Eq|Eqs|Equation|Alg|"
-    r"Algorithm|Corollary|Proposition|Definition|issue|part|Part))\.?\s*(?:\d+\S*\s*(?:and|,|-)\s*)?$"
+    r"(?:§|\b(?:Sec|Secs|Section|App|Appendix|Table|Tables|Fig|Figs|Figure|Figures|Theorem|Theorems|Lemma|Lemmas|Eq|"
+    r"Eqs|Equation|Alg|Algorithm|Corollary|Proposition|Definition|issue|part|Part))\.?\s*(?:\d+\S*\s*(?:and|,|-)\s*)*$"
 )
 # a setting: "k = 4", "α 0.5", sampling's "T 0.6", "top-p 0.9", "top-k 50"
 SETTING = re.compile(

@@ -166,13 +166,6 @@ KNOWN_OFF = {
         "mmlu/test",
         "cs-small-mag-no-horizontal",
     ): 0.07,
-    # three k = 4 cells on the short `passages` outputs (about 30 tokens, 8 target passes): ours eager,
-    # ours compiled and vLLM's; the theory is 6.9% above the measured SWI there (2.6% at k = 2, within
-    # 0.2% on `arithmetic`'s longer outputs); the cause is not traced yet (issue 59's session-27 note)
-    **{
-        ("engines/qwen_three_engines/amd-epyc-family25-avx512-bf16", "passages/test", cell): 0.07
-        for cell in ("sd[k=4]", "sd-compiled[k=4]", "vllm-sd[k=4]")
-    },
 }
 
 
@@ -181,8 +174,17 @@ def test_the_theory_is_within_5_percent_of_every_committed_cell(run):
     rows = [json.loads(line) for line in (RESULTS / run / "examples.jsonl").read_text().splitlines()]
     cells = summarise(rows)
     cells = cells[cells["method"].isin(["speculative", "cs_drafting", "spec_cascade"])]
+    # the theory counts every round whole; an output's last round is cut at EOS or the budget, which
+    # over short outputs (WMT sentences, `passages`) is 2-11% of the tokens the rounds commit
+    cut = pd.Series(
+        [
+            theory.committed_over_kept([r for r in rows if (r["dataset"], r["cell"]) == (d, c)]) or 1.0
+            for d, c in zip(cells["dataset"], cells["cell"], strict=True)
+        ],
+        index=cells.index,
+    )
     for table in ("ms", "pw"):
-        measured, predicted = cells[f"swi_{table}"], cells[f"swi_{table}_theory"]
+        measured, predicted = cells[f"swi_{table}"] * cut, cells[f"swi_{table}_theory"]
         both = measured.notna() & predicted.notna()
         error = (predicted[both] / measured[both] - 1).abs()
         bound = pd.Series(
@@ -262,3 +264,17 @@ def test_the_cascades_view_prices_the_theory_at_the_measured_passes_and_explains
     assert "loop's overhead" in explained
     cells.loc[1, "speedup_vs_ar"] = 1.2  # no walltime reversal: nothing to explain
     assert not [note for note in lemma5([Run("r", Path("."), cells)]).notes if note.startswith("r gsm")]
+
+
+def test_the_tokens_a_cut_last_round_committed_are_counted_against_the_output():
+    """Hand-traced: rounds of k = 4 that accepted 4, 2 and 3 drafts commit 5 + 3 + 4 = 12 tokens; an
+    output that stopped at EOS inside the last round keeps 9 of them. A row without steps (AR) adds
+    nothing, and a cell with none has no ratio."""
+    rows = [
+        {"steps": [[4, 4], [4, 2], [4, 3]], "n_tokens": 9},
+        {"steps": [[4, 0]], "n_tokens": 1},  # one round, nothing cut
+        {"steps": [], "n_tokens": 40},
+    ]
+    assert theory.committed_over_kept(rows) == pytest.approx(13 / 10)
+    assert theory.committed_over_kept(rows[1:2]) == 1.0
+    assert theory.committed_over_kept(rows[2:]) is None

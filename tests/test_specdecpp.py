@@ -108,10 +108,12 @@ def pair(tiny_model):
     return target, noisy(target, 0)
 
 
-def _build(pair, examples, **overrides):
+def _build(pair, examples, finished=None, on_batch=None, **overrides):
     config = specdecpp.TrainConfig(**({"teacher_batch": 3} | overrides))
     with Progress(disable=True) as progress:
-        return specdecpp.build_examples(pair[0], pair[1], examples, config, progress)
+        return specdecpp.build_examples(
+            pair[0], pair[1], examples, config, progress, finished=finished, on_batch=on_batch
+        )
 
 
 def test_labels_are_min_one_p_over_q_and_only_draft_tokens_are_supervised(pair):
@@ -555,6 +557,7 @@ def test_train_a_tiny_head_and_run_the_tiny_recipe(tmp_path, monkeypatch):
     manifest = json.loads((folder / acceptance_head.MANIFEST).read_text())
     assert head_params == {manifest["reference"]}
     assert manifest["eval"]["draft_tokens"] > 0 and manifest["data"]["eval_sequences"] == 1
+    assert not list((tmp_path / "cache").rglob("*.partial-*"))  # finished: no resume state left
     with Progress(disable=True) as progress:  # again: the cached data, the same head bytes
         again = specdecpp.train(config, progress)
     assert (again / acceptance_head.HEAD_FILE).read_bytes() == (
@@ -597,3 +600,71 @@ def test_the_papers_head_data_trains_on_alpaca_train_and_evaluates_on_dev(tmp_pa
     )
     rendered = [specdecpp._prompt_examples(None, sampled)[i].prompt for i in range(16)]
     assert set(rendered) == prompts["train"] | prompts["dev"]
+
+
+def test_an_interrupted_response_generation_resumes_at_the_first_unfinished_batch(tmp_path, monkeypatch):
+    """The target's sampled responses are hours of a real pair's CPU time: each finished teacher batch
+    is kept, a rerun generates only the others, and the result is what one uninterrupted run gives."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    spec = load_recipe(RECIPES / "llama2_chat_7b_70b-tiny.yaml").models["target"]
+    config = specdecpp.TrainConfig(
+        target=spec.source, target_options=spec.options, data_dir=str(_data_dir(tmp_path / "data")),
+        prompts=8, max_new_tokens=5, temperature=0.8, top_p=0.9, top_k=20, teacher_batch=3, dtype="float64",
+    )  # fmt: skip
+    target = specdecpp._load("target", config.target, config.target_options, config)
+    generate, calls, stop_at = target.model.generate, [], [3]
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs["input_ids"].shape[0])
+        if len(calls) == stop_at[0]:
+            raise KeyboardInterrupt
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(target.model, "generate", counted)
+    with Progress(disable=True) as progress, pytest.raises(KeyboardInterrupt):
+        specdecpp.target_responses(target, config, progress)
+    assert len(list((tmp_path / "cache").rglob("*.partial-b3.pt"))) == 1
+    calls.clear()
+    stop_at[0] = 0
+    with Progress(disable=True) as progress:
+        resumed = specdecpp.target_responses(target, config, progress)
+    assert calls == [2]  # 8 prompts in batches of 3, 3 and 2: only the last is generated again
+    assert not list((tmp_path / "cache").rglob("*.partial-*"))
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "fresh"))
+    with Progress(disable=True) as progress:
+        whole = specdecpp.target_responses(target, config, progress)
+    assert len(whole) == len(resumed) == 8
+    for a, b in zip(whole, resumed, strict=True):
+        assert torch.equal(a.prompt, b.prompt) and torch.equal(a.response, b.response)
+
+
+def test_an_interrupted_labelling_resumes_at_the_first_unfinished_batch(pair, monkeypatch):
+    """Labels and draft features are kept batch by batch: after an interruption only the unfinished
+    batches run the models again, and the result is byte-equal to one uninterrupted build."""
+    kept: dict[int, dict] = {}
+    calls, interrupt = [], [True]
+    hidden = specdecpp._hidden
+
+    def counted(model, seqs):
+        calls.append(len(seqs))
+        if interrupt[0] and len(kept) >= 6:  # in the third batch of 3, after two were kept
+            raise KeyboardInterrupt
+        return hidden(model, seqs)
+
+    monkeypatch.setattr(specdecpp, "_hidden", counted)
+    with pytest.raises(KeyboardInterrupt):
+        _build(pair, _examples(8, 9), on_batch=kept.update)
+    lengths = [e.prompt.shape[0] + e.response.shape[0] for e in _examples(8, 9)]
+    first_two = specdecpp._batches(8, lengths, 3)[:2]
+    assert sorted(kept) == sorted(j for batch in first_two for j in batch)
+    calls.clear()
+    interrupt[0] = False
+    resumed = _examples(8, 9)
+    features = _build(pair, resumed, finished=dict(kept), on_batch=kept.update)
+    assert calls == [2, 2, 2]  # the last batch's two sequences: drafter q, target p, drafter hidden
+    monkeypatch.setattr(specdecpp, "_hidden", hidden)
+    whole = _examples(8, 9)
+    expected = _build(pair, whole)
+    for a, b, fa, fb in zip(whole, resumed, expected, features, strict=True):
+        assert torch.equal(a.draft, b.draft) and torch.equal(a.keep, b.keep) and torch.equal(a.label, b.label)
+        assert torch.equal(fa, fb)

@@ -38,7 +38,7 @@ def main() -> None:
     dataset = next(d for d in runner.datasets() if d.label == args.dataset)
     example = next(e for e in dataset.examples if e.id == args.example)
     target = runner.model(row["target"])
-    request = runner._request(target, dataset, example)
+    request = runner.request(target, dataset, example)
     prefix = torch.as_tensor(reference["output_ids"][:at], dtype=torch.long, device=target.device)
     print(f"{args.dataset} {args.example} {args.cell}: first divergence at token {at}")
     print(f"AR took {reference['output_ids'][at]}, the cell took {row['output_ids'][at]}")

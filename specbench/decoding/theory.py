@@ -171,6 +171,18 @@ def of_cell(rows: list[dict], iid: bool) -> Expectation | None:
     return method.theory(rows, iid) if method is not None and method.theory is not None else None
 
 
+def committed_over_kept(rows: list[dict]) -> float | None:
+    """Tokens the cell's rounds committed over the tokens its outputs kept (None without steps).
+
+    Each round commits its accepted drafts and one token of the target's, but an output's last round is
+    cut where EOS or the token budget falls, so over short outputs the rounds commit more than the
+    outputs keep, and the theory's tokens a round overstate the measured SWI by this ratio.
+    """
+    committed = sum(step[1] + 1 for r in rows for step in r["steps"] or ())
+    kept = sum(r["n_tokens"] for r in rows if r["steps"])
+    return committed / kept if kept else None
+
+
 def of_speculative(rows: list[dict], iid: bool, bonus_pass: bool = False) -> Expectation | None:
     """Speculative decoding's expectation from its own acceptance (None without a drafter or a fixed
     k); ``bonus_pass``: one more drafter pass a step (a speculative cascade's q at the bonus position,

@@ -105,7 +105,9 @@ def train(
     """Train SpecDec++'s acceptance head for TARGET and DRAFTER (Sec. 3.3) and save it with a manifest.
 
     The target's responses, the labels and the draft's hidden states are cached under the specbench
-    cache (SPECBENCH_CACHE), so re-training with other head settings skips every model pass.
+    cache (SPECBENCH_CACHE), so re-training with other head settings skips every model pass. Both
+    stages keep each finished teacher batch, so an interrupted run, started again with the same
+    options, resumes at the first unfinished batch (hours of a real pair's CPU time are not lost).
     """
     import json
 

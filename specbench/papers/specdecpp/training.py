@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -156,16 +157,33 @@ def _batches(n: int, lengths: list[int], size: int) -> list[list[int]]:
 
 @torch.inference_mode()
 def build_examples(
-    target, drafter, examples: list[Example], config: TrainConfig, progress
+    target,
+    drafter,
+    examples: list[Example],
+    config: TrainConfig,
+    progress,
+    finished: dict[int, dict] | None = None,
+    on_batch=None,
 ) -> list[torch.Tensor]:
     """Fill in Z, the mixing mask and the labels of ``examples``; return the draft's hidden states at
     the Z positions of each mixed sequence (``[#Z, H]``, float32). ``target``/``drafter`` are the
-    transformers models; the randomness of example j comes from seed ``(config.seed, j)`` alone."""
-    batches = _batches(
-        len(examples), [e.prompt.shape[0] + e.response.shape[0] for e in examples], config.teacher_batch
+    transformers models; the randomness of example j comes from seed ``(config.seed, j)`` alone, so a
+    batch found in ``finished`` (an interrupted run's rows, by example index: draft, keep, label,
+    features) is taken as it is, and ``on_batch`` gets each newly built batch's rows."""
+    features: list[torch.Tensor | None] = [None] * len(examples)
+    for j, row in (finished or {}).items():
+        examples[j].draft, examples[j].keep, examples[j].label = row["draft"], row["keep"], row["label"]
+        features[j] = row["features"]
+    task = progress.add_task(
+        "labels (draft q, target p) and draft hidden states",
+        total=len(examples),
+        completed=sum(f is not None for f in features),
+        stats="",
     )
-    task = progress.add_task("labels (draft q, target p)", total=len(examples), stats="")
-    for batch in batches:
+    lengths = [e.prompt.shape[0] + e.response.shape[0] for e in examples]
+    for batch in _batches(len(examples), lengths, config.teacher_batch):
+        if all(features[j] is not None for j in batch):
+            continue
         chosen = [examples[j] for j in batch]
         logq = _response_logprobs(drafter, chosen)
         logp = _response_logprobs(target, chosen)
@@ -177,16 +195,18 @@ def build_examples(
             rows = torch.arange(e.response.shape[0])
             ratio = lp.cpu()[rows, e.draft] - lq.cpu()[rows, e.draft]
             e.label = ratio.clamp(max=0.0).exp()  # min(1, p/q)
-        progress.advance(task, len(batch))
-    features: list[torch.Tensor | None] = [None] * len(examples)
-    task = progress.add_task("draft hidden states (mixed)", total=len(examples), stats="")
-    for batch in batches:
-        chosen = [examples[j] for j in batch]
+        del logq, logp
         hidden = _hidden(drafter, [torch.cat([e.prompt, e.mixed]) for e in chosen])
         for r, (j, e) in enumerate(zip(batch, chosen, strict=True)):
             a, m = e.prompt.shape[0], e.response.shape[0]
             # the hidden state at Z_i's own position (it has read Z_i): Eq. 3.1's input
             features[j] = hidden[r, a : a + m][~e.keep.to(hidden.device)].float().cpu()
+        if on_batch is not None:
+            on_batch({
+                j: {"draft": examples[j].draft, "keep": examples[j].keep, "label": examples[j].label,
+                    "features": features[j], "response": examples[j].response}
+                for j in batch
+            })  # fmt: skip
         progress.advance(task, len(batch))
     return features
 
@@ -331,11 +351,48 @@ def target_responses(target, config: TrainConfig, progress) -> list[Example]:
     if path.is_file():
         return [Example(**row) for row in torch.load(path, weights_only=True)]
     prompts = [teaching._prompt_ids(target, e) for e in _prompt_examples(target, config)]
-    examples = generate_responses(target, prompts, config, progress)
+    partial = path.with_name(f"{path.stem}.partial-b{config.teacher_batch}.pt")
+    finished = _finished_batches(partial, prompts)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save([{"prompt": e.prompt, "response": e.response} for e in examples], path.with_suffix(".tmp"))
-    path.with_suffix(".tmp").rename(path)
+
+    def keep(done: dict[int, Example]) -> None:
+        rows = [{"index": i, "prompt": e.prompt, "response": e.response} for i, e in sorted(done.items())]
+        _save_atomic(rows, partial)
+
+    examples = generate_responses(target, prompts, config, progress, finished=finished, on_batch=keep)
+    _save_atomic([{"prompt": e.prompt, "response": e.response} for e in examples], path)
+    partial.unlink(missing_ok=True)
     return examples
+
+
+def _save_atomic(payload, path: Path) -> None:
+    torch.save(payload, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").rename(path)
+
+
+def _finished_labels(partial: Path, examples: list[Example]) -> dict[int, dict]:
+    """The labelled batches an interrupted ``build_examples`` kept (one folder per teacher batch size),
+    by example index; a batch file whose responses are not these examples' is left out."""
+    finished: dict[int, dict] = {}
+    for path in sorted(partial.glob("batch-*.pt")):
+        rows = torch.load(path, weights_only=True)
+        if all(
+            r["index"] < len(examples) and torch.equal(r["response"], examples[r["index"]].response)
+            for r in rows
+        ):
+            finished.update({r["index"]: r for r in rows})
+    return finished
+
+
+def _finished_batches(partial: Path, prompts: list[torch.Tensor]) -> dict[int, Example]:
+    """The responses an interrupted generation kept (one file per teacher batch size, since the
+    batching decides the sampled responses), or none when its prompts are not these prompts."""
+    if not partial.is_file():
+        return {}
+    rows = torch.load(partial, weights_only=True)
+    if any(r["index"] >= len(prompts) or not torch.equal(r["prompt"], prompts[r["index"]]) for r in rows):
+        return {}
+    return {r["index"]: Example(r["prompt"], r["response"]) for r in rows}
 
 
 def _subset(n: int, k: int, seed: int) -> list[int]:
@@ -345,15 +402,27 @@ def _subset(n: int, k: int, seed: int) -> list[int]:
 
 
 @torch.inference_mode()
-def generate_responses(target, prompts: list[torch.Tensor], config: TrainConfig, progress) -> list[Example]:
+def generate_responses(
+    target,
+    prompts: list[torch.Tensor],
+    config: TrainConfig,
+    progress,
+    finished: dict[int, Example] | None = None,
+    on_batch=None,
+) -> list[Example]:
     """Greedy or sampled responses (EOS included, cut at ``max_new_tokens``), batched with left
     padding; before a sampled batch, torch's RNG (which ``generate`` draws from) is seeded from the
-    config's seed and the batch, so the responses do not depend on what ran before."""
+    config's seed and the batch, so the responses do not depend on what ran before, and a batch whose
+    prompts are all in ``finished`` (an interrupted run's) is not generated again. ``on_batch`` gets
+    the finished responses by prompt index after each generated batch."""
     eos = set(target.eos_token_ids())
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else min(eos)
-    out: list[Example | None] = [None] * len(prompts)
-    task = progress.add_task("target responses", total=len(prompts), stats="")
+    done = dict(finished or {})
+    out: list[Example | None] = [done.get(i) for i in range(len(prompts))]
+    task = progress.add_task("target responses", total=len(prompts), completed=len(done), stats="")
     for batch in _batches(len(prompts), [p.shape[0] for p in prompts], config.teacher_batch):
+        if all(out[i] is not None for i in batch):
+            continue
         ids, mask = teaching.left_padded([prompts[i] for i in batch], pad)
         width = ids.shape[1]
         sampling = {"do_sample": False}
@@ -376,7 +445,9 @@ def generate_responses(target, prompts: list[torch.Tensor], config: TrainConfig,
         for row, i in enumerate(batch):
             tokens = new[row].tolist()
             n = next((j + 1 for j, t in enumerate(tokens) if t in eos), len(tokens))
-            out[i] = Example(prompts[i], new[row, :n])
+            out[i] = done[i] = Example(prompts[i], new[row, :n])
+        if on_batch is not None:
+            on_batch(done)
         progress.advance(task, len(batch))
     return [e for e in out if e is not None and e.response.shape[0] > 0]
 
@@ -411,12 +482,20 @@ def train(config: TrainConfig, progress) -> Path:
                 "use a drafter that shares the target's tokenizer",
             )
         examples = target_responses(target, config, progress)
-        features = build_examples(target.model, drafter.model, examples, config, progress)
+        partial = cached.with_name(f"{cached.stem}.partial-b{config.teacher_batch}")
+        partial.mkdir(parents=True, exist_ok=True)
+
+        def keep(rows: dict[int, dict]) -> None:
+            _save_atomic([{"index": j} | row for j, row in rows.items()], partial / f"batch-{min(rows)}.pt")
+
+        finished = _finished_labels(partial, examples)
+        features = build_examples(
+            target.model, drafter.model, examples, config, progress, finished=finished, on_batch=keep
+        )
         labels = [e.label[~e.keep] for e in examples]
         data = {"features": features, "labels": labels}
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(data, cached.with_suffix(".tmp"))
-        cached.with_suffix(".tmp").rename(cached)
+        _save_atomic(data, cached)
+        shutil.rmtree(partial)
     data_seconds = time.perf_counter() - started
     features, labels = data["features"], data["labels"]
     if config.prompt_set == "alpaca":  # the paper's split: train on train, evaluate on dev

@@ -62,7 +62,7 @@ def prompts_of(measurer, recipe: Recipe, target) -> Prompts:
     ids, budget, examples = [], 0, []
     for dataset in load_datasets(recipe, None, measurer._blame):
         for example in dataset.examples:
-            request = measurer._request(target, dataset, example)
+            request = measurer.request(target, dataset, example)
             ids.append(request.prompt_ids.tolist())
             budget = max(budget, request.max_new_tokens)
             examples.append((dataset, example))

@@ -199,7 +199,7 @@ class Measurer(RowKeys):
         if not isinstance(limit, int) or getattr(target, "is_encoder_decoder", False):
             return
         for example in dataset.examples:
-            request = self._request(target, dataset, example)
+            request = self.request(target, dataset, example)
             prompt, budget = request.prompt_ids.shape[0], request.max_new_tokens
             if prompt + budget > limit:
                 raise SpecbenchError(
@@ -247,7 +247,7 @@ class Measurer(RowKeys):
         compiled = models.compiled()
         if not compiled or not METHODS[cell.method].runs_engine:
             return
-        requests = [self._request(models.target, dataset, e) for e in dataset.examples]
+        requests = [self.request(models.target, dataset, e) for e in dataset.examples]
         longest = max(r.prompt_ids.shape[0] + r.max_new_tokens for r in requests)
         lengths = METHODS[cell.method].draft_lengths(cell.params)
         trees = METHODS[cell.method].tree_sizes(cell.params)
@@ -352,7 +352,7 @@ class Measurer(RowKeys):
         method = self._method(cell, target)
         if example.turns:
             return self._conversation(dataset, cell, target, drafter, example)
-        request = self._request(target, dataset, example)
+        request = self.request(target, dataset, example)
         if METHODS[cell.method].needs_reference:
             reference = self._reference(dataset, cell, example)
             if reference is None:  # AR cells run first, so only a failed AR row leads here
@@ -379,7 +379,7 @@ class Measurer(RowKeys):
         except ReplayError as error:
             raise SpecbenchError(where, f"{about}: {error.problem}", error.fix) from None
         if check:
-            live = method(cell.params, target, drafter, self._request(target, dataset, example))
+            live = method(cell.params, target, drafter, self.request(target, dataset, example))
             difference = first_difference(generation, live)
             if difference:
                 raise SpecbenchError(
@@ -421,14 +421,17 @@ class Measurer(RowKeys):
             )
         turns, answers, first = [], [], None
         for _ in range(len(example.turns) + 1):
-            request = self._request(target, dataset, example, answers)
+            request = self.request(target, dataset, example, answers)
             generation = self._method(cell, target)(cell.params, target, drafter, request)
             turns.append(generation)
             answers.append(target.tokenizer.decode(generation.tokens, skip_special_tokens=True))
             first = first or request
         return first, Generation.joined(turns), None
 
-    def _request(self, target: HFModel, dataset: DatasetRun, example: Example, answers=()) -> Request:
+    def request(self, target: HFModel, dataset: DatasetRun, example: Example, answers=()) -> Request:
+        """What a cell decodes for ``example`` (after ``answers``, the earlier turns): the rendered
+        prompt, the token budget, the recipe's sampling and the example's seeded generator; public so
+        that a script re-tracing a committed row builds exactly the request the run built."""
         text = render_turn(example, list(answers), target.tokenizer, dataset.chat_template)
         add_special = not dataset.chat_template or target.is_encoder_decoder
         ids = target.tokenizer(text, add_special_tokens=add_special, return_tensors="pt").input_ids[0]
