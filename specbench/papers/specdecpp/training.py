@@ -25,6 +25,10 @@ Everything is seeded (prompt split, draft samples, mixing masks, initialisation,
 is saved as ``head.safetensors`` next to a ``specdecpp.json`` manifest in
 ``<cache>/specdecpp/<target>/<drafter>/<name>`` and is named in a recipe as
 ``specdecpp:<target>/<drafter>[/<name>]`` (the slugs :func:`slug` makes) or by its folder's path.
+
+Longer than the house limit on purpose, for now: the head's data (responses and labels, each kept batch
+by batch so that a real pair's hours of CPU survive an interruption), its training and its evaluation
+share one TrainConfig, its cache keys and the Example record; the data half is the part to split out.
 """
 
 from __future__ import annotations
