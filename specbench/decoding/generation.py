@@ -22,8 +22,10 @@ class Generation:
     small one's (a speculative cascade's rejections, a sequential cascade's deferred tokens); None
     for methods that never defer. ``expected_rejections`` (speculative cascades): the sum over
     reviewed drafts of their chance of rejection, D_TV(π, q) (Narasimhan et al., Lemma 5), beside
-    the rejections that happened. ``rule_acceptance`` (sampled speculative decoding): what each engine's
-    verification rule would accept of the same drafts (:mod:`specbench.decoding.verification_rules`).
+    the rejections that happened, and ``rejection_variance`` the sum of each such chance c times
+    (1 - c): the variance of rejections minus chances were Lemma 5 true. ``rule_acceptance`` (sampled
+    speculative decoding): what each engine's verification rule would accept of the same drafts
+    (:mod:`specbench.decoding.verification_rules`).
     """
 
     tokens: list[int]
@@ -35,6 +37,7 @@ class Generation:
     inner_steps: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     deferrals: int | None = None
     expected_rejections: float | None = None
+    rejection_variance: float | None = None
     # a serving engine's own record of the request (specbench.engines): version, settings, its
     # acceptance figures under its own names, inter-token latencies; None for specbench's loops
     engine_record: dict | None = None
@@ -74,6 +77,7 @@ class Generation:
                 inner.setdefault(name, []).extend(steps)
         deferrals = [t.deferrals for t in turns if t.deferrals is not None]
         expected = [t.expected_rejections for t in turns if t.expected_rejections is not None]
+        variance = [t.rejection_variance for t in turns if t.rejection_variance is not None]
         rules = verification_rules.merged([t.rule_acceptance for t in turns if t.rule_acceptance])
         return cls(
             tokens=[token for turn in turns for token in turn.tokens],
@@ -85,6 +89,7 @@ class Generation:
             inner_steps=inner,
             deferrals=sum(deferrals) if deferrals else None,
             expected_rejections=sum(expected) if expected else None,
+            rejection_variance=sum(variance) if variance else None,
             rule_acceptance=rules,
         )
 

@@ -87,10 +87,10 @@ def cascade_rule(
     """Algorithm 4's verification for deferral ``rule``: drafts, the drafter's d + 1 rows (from
     :class:`BonusRowDrafter`) and the target's d + 1 rows ``sampling.probs(logits)`` -> Verdict.
 
-    With ``chances`` (a list) it appends each step's summed rejection chance of the drafts the
-    target reviewed (those up to the first rejection), a tensor left on the device: a draft x ~ q
-    is rejected with probability sum_v max(0, q(v) - π(v)) = D_TV(π, q), which for π = (1 - r) q + r p
-    is r D_TV(p, q) (Lemma 5)."""
+    With ``chances`` (a list) it appends, for each step, the drafts the target reviewed (those up to
+    the first rejection) summed as [c, c (1 - c)] with c their chance of rejection, a tensor left on
+    the device: a draft x ~ q is rejected with probability sum_v max(0, q(v) - π(v)) = D_TV(π, q),
+    which for π = (1 - r) q + r p is r D_TV(p, q) (Lemma 5); c (1 - c) is that Bernoulli's variance."""
 
     def verify(drafts, q_conf, p_conf, generator) -> Verdict:
         q_chosen = torch.cat([drafts, q_conf[-1].argmax().view(1)])
@@ -100,7 +100,8 @@ def cascade_rule(
             d = drafts.shape[0]
             chance = (q - pi[:d]).clamp(min=0).sum(-1)
             reviewed = torch.arange(d, device=chance.device) <= verdict.n_accepted
-            chances.append((chance * reviewed).sum())
+            chance = chance * reviewed
+            chances.append(torch.stack([chance.sum(), (chance * (1 - chance)).sum()]))
         return verdict
 
     return verify
@@ -140,8 +141,15 @@ def generate(
         generator=generator,
         rule=verify,
     )
-    expected = float(torch.stack(chances).sum()) if chances else (0.0 if verify else None)  # one sync
-    return dataclasses.replace(out, deferrals=sum(n < d for d, n in out.steps), expected_rejections=expected)
+    expected = variance = 0.0 if verify else None
+    if chances:
+        expected, variance = torch.stack(chances).sum(0).tolist()  # one sync
+    return dataclasses.replace(
+        out,
+        deferrals=sum(n < d for d, n in out.steps),
+        expected_rejections=expected,
+        rejection_variance=variance,
+    )
 
 
 def _check(params: dict, spec, generation) -> tuple[str, str, str] | None:

@@ -55,6 +55,8 @@ def build_row(
         row["deferrals"] = generation.deferrals
     if generation.expected_rejections is not None:  # speculative cascades: Lemma 5's expectation
         row["expected_rejections"] = generation.expected_rejections
+    if generation.rejection_variance is not None:
+        row["rejection_variance"] = generation.rejection_variance
     if generation.rule_acceptance is not None:  # sampled speculative decoding: the engines' rules
         row["rule_acceptance"] = generation.rule_acceptance
     if generation.engine_record is not None:  # engine cells only (specbench.engines)
