@@ -29,8 +29,10 @@ from specbench.methods import METHODS, Request
 from specbench.models.base import ModelDrafter
 from specbench.models.hf import HFModel
 from specbench.models.sampling import SamplingParams
+from specbench.papers.specdecpp import head_data
 from specbench.papers.specdecpp import training as specdecpp
 from specbench.papers.specdecpp.efficiency import discard_verification_rates, time_per_token
+from specbench.papers.specdecpp.train_config import TrainConfig
 from specbench.recipe import load_recipe, parse_recipe
 from specbench.tasks import TASKS
 
@@ -91,10 +93,10 @@ def test_head_shapes_and_depth_zero_is_one_linear_layer():
 # -- training data -----------------------------------------------------------------------------
 
 
-def _examples(n: int, length: int, seed: int = 0) -> list[specdecpp.Example]:
+def _examples(n: int, length: int, seed: int = 0) -> list[head_data.Example]:
     gen = torch.Generator().manual_seed(seed)
     return [
-        specdecpp.Example(
+        head_data.Example(
             torch.randint(2, VOCAB, (2 + i % 4,), generator=gen),
             torch.randint(2, VOCAB, (length,), generator=gen),
         )
@@ -109,9 +111,9 @@ def pair(tiny_model):
 
 
 def _build(pair, examples, finished=None, on_batch=None, **overrides):
-    config = specdecpp.TrainConfig(**({"teacher_batch": 3} | overrides))
+    config = TrainConfig(**({"teacher_batch": 3} | overrides))
     with Progress(disable=True) as progress:
-        return specdecpp.build_examples(
+        return head_data.build_examples(
             pair[0], pair[1], examples, config, progress, finished=finished, on_batch=on_batch
         )
 
@@ -150,7 +152,7 @@ def test_mixing_ratio_is_respected_in_expectation(pair):
 def test_draft_tokens_are_samples_of_q_on_the_targets_prefix(pair):
     """Z_i ~ q_i(. | x, Y_<i): 800 copies of one (x, Y), each with its own seed, against q by chi-square."""
     prompt, response = prompt_for(2), torch.tensor([5, 9, 3])
-    examples = [specdecpp.Example(prompt, response) for _ in range(800)]
+    examples = [head_data.Example(prompt, response) for _ in range(800)]
     _build(pair, examples, teacher_batch=200)
     a = prompt.shape[0]
     with torch.no_grad():
@@ -179,7 +181,7 @@ def test_training_is_deterministic_to_the_byte(pair, tmp_path):
     examples = _examples(10, 12)
     features = _build(pair, examples)
     labels = [e.label[~e.keep] for e in examples]
-    config = specdecpp.TrainConfig(epochs=2, batch_size=4, lr=1e-2)
+    config = TrainConfig(epochs=2, batch_size=4, lr=1e-2)
     digests = []
     for run in range(2):
         with Progress(disable=True) as progress:
@@ -274,7 +276,7 @@ def test_the_head_reads_at_inference_what_training_feeds_it(tiny_model):
         draft = drafter.propose(torch.empty(0, dtype=torch.long), 12, SamplingParams(), None)
         n, a = len(draft), prompt.shape[0]
         with torch.no_grad():
-            features = specdecpp._hidden(weights, [torch.cat([prompt, draft.tokens])])[0, a : a + n]
+            features = head_data._hidden(weights, [torch.cat([prompt, draft.tokens])])[0, a : a + n]
             p_hat = AcceptanceHead.probability(head, features).tolist()  # p̂_1, ..., p̂_n
         torch.testing.assert_close(torch.stack(head.seen), features[: n - 1])
         assert n == should_stop(p_hat, threshold, 2, 12)
@@ -547,7 +549,7 @@ def test_train_a_tiny_head_and_run_the_tiny_recipe(tmp_path, monkeypatch):
     recipe = load_recipe(RECIPES / "llama2_chat_7b_70b-tiny.yaml")
     head_params = {spec.params.get("head") for spec in recipe.methods if spec.method == "specdecpp"}
     target, drafter = recipe.models["target"], recipe.models["draft"]
-    config = specdecpp.TrainConfig(
+    config = TrainConfig(
         target=target.source, drafter=drafter.source, target_options=target.options,
         drafter_options=drafter.options, name="tiny", data_dir=str(_data_dir(tmp_path / "data")),
         prompts=10, max_new_tokens=12, epochs=2, batch_size=4, dtype="float64",
@@ -589,16 +591,16 @@ def test_the_papers_head_data_trains_on_alpaca_train_and_evaluates_on_dev(tmp_pa
         drafter_options=drafter.options, data_dir=str(data), max_new_tokens=6, epochs=1,
         batch_size=4, dtype="float64", prompt_set="alpaca",
     )  # fmt: skip
-    sampled = specdecpp.TrainConfig(name="sampled", temperature=0.8, top_p=0.9, top_k=20, **common)
-    greedy = specdecpp.TrainConfig(name="greedy", **common)
-    assert sampled.data_key("f") != greedy.data_key("f") != specdecpp.TrainConfig().data_key("f")
+    sampled = TrainConfig(name="sampled", temperature=0.8, top_p=0.9, top_k=20, **common)
+    greedy = TrainConfig(name="greedy", **common)
+    assert sampled.data_key("f") != greedy.data_key("f") != TrainConfig().data_key("f")
     with Progress(disable=True) as progress:
         manifest = json.loads((specdecpp.train(sampled, progress) / acceptance_head.MANIFEST).read_text())
     assert (manifest["data"]["train_sequences"], manifest["data"]["eval_sequences"]) == (12, 4)
     assert (
         "Alpaca specdecpp-train" in manifest["data"]["sources"] and "sampled" in manifest["data"]["sources"]
     )
-    rendered = [specdecpp._prompt_examples(None, sampled)[i].prompt for i in range(16)]
+    rendered = [head_data._prompt_examples(None, sampled)[i].prompt for i in range(16)]
     assert set(rendered) == prompts["train"] | prompts["dev"]
 
 
@@ -607,11 +609,11 @@ def test_an_interrupted_response_generation_resumes_at_the_first_unfinished_batc
     is kept, a rerun generates only the others, and the result is what one uninterrupted run gives."""
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     spec = load_recipe(RECIPES / "llama2_chat_7b_70b-tiny.yaml").models["target"]
-    config = specdecpp.TrainConfig(
+    config = TrainConfig(
         target=spec.source, target_options=spec.options, data_dir=str(_data_dir(tmp_path / "data")),
         prompts=8, max_new_tokens=5, temperature=0.8, top_p=0.9, top_k=20, teacher_batch=3, dtype="float64",
     )  # fmt: skip
-    target = specdecpp._load("target", config.target, config.target_options, config)
+    target = head_data._load("target", config.target, config.target_options, config)
     generate, calls, stop_at = target.model.generate, [], [3]
 
     def counted(*args, **kwargs):
@@ -622,17 +624,17 @@ def test_an_interrupted_response_generation_resumes_at_the_first_unfinished_batc
 
     monkeypatch.setattr(target.model, "generate", counted)
     with Progress(disable=True) as progress, pytest.raises(KeyboardInterrupt):
-        specdecpp.target_responses(target, config, progress)
+        head_data.target_responses(target, config, progress)
     assert len(list((tmp_path / "cache").rglob("*.partial-b3.pt"))) == 1
     calls.clear()
     stop_at[0] = 0
     with Progress(disable=True) as progress:
-        resumed = specdecpp.target_responses(target, config, progress)
+        resumed = head_data.target_responses(target, config, progress)
     assert calls == [2]  # 8 prompts in batches of 3, 3 and 2: only the last is generated again
     assert not list((tmp_path / "cache").rglob("*.partial-*"))
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "fresh"))
     with Progress(disable=True) as progress:
-        whole = specdecpp.target_responses(target, config, progress)
+        whole = head_data.target_responses(target, config, progress)
     assert len(whole) == len(resumed) == 8
     for a, b in zip(whole, resumed, strict=True):
         assert torch.equal(a.prompt, b.prompt) and torch.equal(a.response, b.response)
@@ -643,7 +645,7 @@ def test_an_interrupted_labelling_resumes_at_the_first_unfinished_batch(pair, mo
     batches run the models again, and the result is byte-equal to one uninterrupted build."""
     kept: dict[int, dict] = {}
     calls, interrupt = [], [True]
-    hidden = specdecpp._hidden
+    hidden = head_data._hidden
 
     def counted(model, seqs):
         calls.append(len(seqs))
@@ -651,18 +653,18 @@ def test_an_interrupted_labelling_resumes_at_the_first_unfinished_batch(pair, mo
             raise KeyboardInterrupt
         return hidden(model, seqs)
 
-    monkeypatch.setattr(specdecpp, "_hidden", counted)
+    monkeypatch.setattr(head_data, "_hidden", counted)
     with pytest.raises(KeyboardInterrupt):
         _build(pair, _examples(8, 9), on_batch=kept.update)
     lengths = [e.prompt.shape[0] + e.response.shape[0] for e in _examples(8, 9)]
-    first_two = specdecpp._batches(8, lengths, 3)[:2]
+    first_two = head_data._batches(8, lengths, 3)[:2]
     assert sorted(kept) == sorted(j for batch in first_two for j in batch)
     calls.clear()
     interrupt[0] = False
     resumed = _examples(8, 9)
     features = _build(pair, resumed, finished=dict(kept), on_batch=kept.update)
     assert calls == [2, 2, 2]  # the last batch's two sequences: drafter q, target p, drafter hidden
-    monkeypatch.setattr(specdecpp, "_hidden", hidden)
+    monkeypatch.setattr(head_data, "_hidden", hidden)
     whole = _examples(8, 9)
     expected = _build(pair, whole)
     for a, b, fa, fb in zip(whole, resumed, expected, features, strict=True):

@@ -115,7 +115,8 @@ def train(
 
     from specbench.drafters import acceptance_head
     from specbench.models.options import parse_loader_options
-    from specbench.papers.specdecpp.training import PROMPT_SETS, TrainConfig
+    from specbench.papers.specdecpp.head_data import PROMPT_SETS
+    from specbench.papers.specdecpp.train_config import TrainConfig
     from specbench.papers.specdecpp.training import train as train_head
 
     if data_dir is None:
