@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbench.decoding.theory import committed_over_kept
+from specbench.decoding.theory import committed_over_kept_by_cell
 from specbench.pipeline.analysis.summary import summarise
 from specbench.pipeline.records.results import read_examples
 
@@ -50,11 +50,10 @@ def main() -> str:
         if "swi_ms_theory" not in cells.columns:
             continue
         costs = {r["cell"]: r["costs"]["ms"] for r in rows}
+        cuts = committed_over_kept_by_cell(rows)
         for cell in cells.dropna(subset=["swi_ms_theory"]).itertuples():
             group = kind(cell.method, costs[cell.cell].get(cell.drafter))
-            cut = committed_over_kept(
-                [r for r in rows if (r["dataset"], r["cell"]) == (cell.dataset, cell.cell)]
-            )
+            cut = cuts[cell.dataset, cell.cell]
             error = cell.swi_ms_theory / cell.swi_ms - 1
             error_cut = cell.swi_ms_theory / (cell.swi_ms * cut) - 1
             error_iid = cell.swi_ms_theory_iid / (cell.swi_ms * cut) - 1

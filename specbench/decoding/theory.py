@@ -183,6 +183,14 @@ def committed_over_kept(rows: list[dict]) -> float | None:
     return committed / kept if kept else None
 
 
+def committed_over_kept_by_cell(rows: list[dict]) -> dict[tuple[str, str], float | None]:
+    """:func:`committed_over_kept` of each (dataset, cell) of a run's rows."""
+    cells: dict[tuple[str, str], list[dict]] = {}
+    for row in rows:
+        cells.setdefault((row["dataset"], row["cell"]), []).append(row)
+    return {key: committed_over_kept(group) for key, group in cells.items()}
+
+
 def of_speculative(rows: list[dict], iid: bool, bonus_pass: bool = False) -> Expectation | None:
     """Speculative decoding's expectation from its own acceptance (None without a drafter or a fixed
     k); ``bonus_pass``: one more drafter pass a step (a speculative cascade's q at the bonus position,
