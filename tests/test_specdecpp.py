@@ -670,3 +670,45 @@ def test_an_interrupted_labelling_resumes_at_the_first_unfinished_batch(pair, mo
     for a, b, fa, fb in zip(whole, resumed, expected, features, strict=True):
         assert torch.equal(a.draft, b.draft) and torch.equal(a.keep, b.keep) and torch.equal(a.label, b.label)
         assert torch.equal(fa, fb)
+
+
+def test_responses_from_a_file_replace_generation_and_must_be_this_runs(tmp_path, monkeypatch):
+    """--responses: a responses file an earlier run wrote (committed beside a run, say) is read instead
+    of sampling the target again; a file for other prompts, a file that is not one, or none, is one
+    clear error."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    spec = load_recipe(RECIPES / "llama2_chat_7b_70b-tiny.yaml").models["target"]
+    common = dict(
+        target=spec.source, target_options=spec.options, data_dir=str(_data_dir(tmp_path / "data")),
+        max_new_tokens=5, temperature=0.8, top_p=0.9, top_k=20, teacher_batch=3, dtype="float64",
+    )  # fmt: skip
+    config = TrainConfig(prompts=8, **common)
+    target = head_data._load("target", config.target, config.target_options, config)
+    with Progress(disable=True) as progress:
+        generated = head_data.target_responses(target, config, progress)
+    (written,) = (tmp_path / "cache").rglob("responses-*.pt")
+    shared = tmp_path / "shared-responses.pt"
+    shared.write_bytes(written.read_bytes())
+
+    def no_generation(*args, **kwargs):
+        raise AssertionError("the target generated responses although a file holds them")
+
+    monkeypatch.setattr(target.model, "generate", no_generation)
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "fresh"))
+    from_file = TrainConfig(prompts=8, responses=str(shared), **common)
+    with Progress(disable=True) as progress:
+        read = head_data.target_responses(target, from_file, progress)
+    assert len(read) == len(generated) == 8
+    for a, b in zip(generated, read, strict=True):
+        assert torch.equal(a.prompt, b.prompt) and torch.equal(a.response, b.response)
+    # the labels are keyed by the file's bytes, so its data never mixes with generated data
+    assert from_file.data_key("f") != config.data_key("f")
+
+    with Progress(disable=True) as progress, pytest.raises(SpecbenchError, match="prompts are not this run"):
+        head_data.target_responses(target, TrainConfig(prompts=4, responses=str(shared), **common), progress)
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_text("not a tensor file")
+    with Progress(disable=True) as progress, pytest.raises(SpecbenchError, match="not a responses file"):
+        head_data.target_responses(target, TrainConfig(prompts=8, responses=str(garbage), **common), progress)
+    with pytest.raises(SpecbenchError, match="no such file"):
+        TrainConfig(prompts=8, responses=str(tmp_path / "missing.pt"), **common).data_key("f")

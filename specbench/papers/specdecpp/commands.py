@@ -101,6 +101,12 @@ def train(
     ),
     top_p: float = typer.Option(1.0, min=0.0, max=1.0, help="Nucleus cut of the sampled responses."),
     top_k: int = typer.Option(0, min=0, help="Top-k cut of the sampled responses (0: off)."),
+    responses: Path = typer.Option(
+        None,
+        help="The target's responses from this file (a responses-*.pt an earlier run wrote in its "
+        "cache, e.g. one committed beside a run) instead of generating them; its prompts must be this "
+        "run's.",
+    ),
 ):
     """Train SpecDec++'s acceptance head for TARGET and DRAFTER (Sec. 3.3) and save it with a manifest.
 
@@ -159,6 +165,7 @@ def train(
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
+        responses=str(responses.resolve()) if responses else "",
     )
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn())
     columns += (TextColumn("{task.fields[stats]}"), TimeElapsedColumn())

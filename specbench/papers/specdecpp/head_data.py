@@ -213,7 +213,9 @@ def alpaca_partitions(config: TrainConfig) -> tuple[list, list]:
 def target_responses(target, config: TrainConfig, progress) -> list[Example]:
     """(x, Y) pairs: distill's cached greedy responses when it cached them for this target, length
     cap and its prompts, else generated here (batched, greedy or sampled) and cached under the
-    specdecpp cache."""
+    specdecpp cache; or read from ``config.responses``, whose prompts must be these."""
+    if config.responses:
+        return _read_responses(Path(config.responses), target, config)
     if not config.target_options and config.prompt_set == "distill" and config.temperature == 0:
         teacher = teaching.TeacherConfig(
             config.target, max_new_tokens=config.max_new_tokens, data_dir=config.data_dir
@@ -239,6 +241,31 @@ def target_responses(target, config: TrainConfig, progress) -> list[Example]:
     examples = generate_responses(target, prompts, config, progress, finished=finished, on_batch=keep)
     _save_atomic([{"prompt": e.prompt, "response": e.response} for e in examples], path)
     partial.unlink(missing_ok=True)
+    return examples
+
+
+def _read_responses(path: Path, target, config: TrainConfig) -> list[Example]:
+    """The (x, Y) pairs of a responses file this command wrote, checked against the prompts ``config``
+    gives (a file for other prompts, or none, is one clear error)."""
+    where = f"--responses {path}"
+    try:
+        rows = torch.load(path, weights_only=True)
+        examples = [Example(row["prompt"], row["response"]) for row in rows]
+    except Exception as error:
+        raise SpecbenchError(
+            where,
+            f"not a responses file ({type(error).__name__})",
+            "pass a responses-*.pt from a specdecpp cache",
+        ) from None
+    prompts = iter(teaching._prompt_ids(target, e) for e in _prompt_examples(target, config))
+    # generation leaves out prompts whose response came back empty, so the file's prompts are these
+    # prompts in order, some perhaps missing
+    if not examples or not all(any(torch.equal(e.prompt, p) for p in prompts) for e in examples):
+        raise SpecbenchError(
+            where,
+            f"its {len(examples)} prompts are not this run's (--target, --prompt-set, --prompts, --data-dir)",
+            "pass the responses written with these options, or drop --responses to generate them",
+        )
     return examples
 
 

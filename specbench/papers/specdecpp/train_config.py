@@ -6,7 +6,9 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from specbench.errors import SpecbenchError
 from specbench.models.cache import DISTILLED_PREFIX
 from specbench.sources.smollm2 import ALIAS as SMOLLM2_ALIAS
 
@@ -45,6 +47,9 @@ class TrainConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
+    # a file of the target's responses (a responses-*.pt this command wrote) used instead of generating
+    # them: the hours of a real pair's sampling, shared across machines
+    responses: str = ""
 
     def data_key(self, fingerprint: str) -> str:
         """Hash of everything the features and labels depend on (not the head's hyperparameters)."""
@@ -67,5 +72,12 @@ class TrainConfig:
         for name in ("prompt_set", "temperature", "top_p", "top_k"):  # at their defaults keys stay as before
             if getattr(self, name) != getattr(defaults, name):
                 fields[name] = getattr(self, name)
+        if self.responses:  # the labels are built on exactly these responses
+            path = Path(self.responses)
+            if not path.is_file():
+                raise SpecbenchError(
+                    f"--responses {path}", "no such file", "pass a responses-*.pt from a specdecpp cache"
+                )
+            fields["responses"] = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
         payload = json.dumps(fields | {"data": fingerprint, "version": 1}, sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
