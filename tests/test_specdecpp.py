@@ -509,6 +509,26 @@ def test_oracle_needs_the_autoregressive_output():
         parse_recipe(data, "r.yaml")
 
 
+def test_train_warns_when_the_head_is_no_better_than_a_constant():
+    """The Qwen pair's 105 training sequences left the paper's head (D = 3, 3 epochs: 12 optimiser
+    steps) at a held-out KL of 1.207 against a constant's 0.353; train says so, and why."""
+    from specbench.papers.specdecpp.commands import underfit_warning
+
+    def manifest(head_kl, w_rej=1.0):
+        return {
+            "eval": {"binary_kl": head_kl}, "eval_constant_predictor": {"binary_kl": 0.353},
+            "steps": 12, "train_sequences": 105, "config": {"depth": 3, "w_rej": w_rej, "w_acc": 1.0},
+        }  # fmt: skip
+
+    assert underfit_warning(manifest(0.332)) is None
+    line = underfit_warning(manifest(0.353))
+    assert line.startswith(
+        "! the head's held-out binary KL 0.3530 is not below a constant predictor's 0.3530"
+    )
+    assert "12 optimiser steps over 105 sequences, depth 3" in line and "w_rej" not in line
+    assert "w_rej 6 against w_acc 1 skews every prediction" in underfit_warning(manifest(1.207, w_rej=6.0))
+
+
 def test_a_missing_head_says_how_to_train_it(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
     with pytest.raises(SpecbenchError, match="specbench specdecpp train") as error:

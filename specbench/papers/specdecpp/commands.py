@@ -179,6 +179,27 @@ def train(
         f"accuracy {scores['accuracy']:.1%}, {scores['draft_tokens']} draft tokens, "
         f"{manifest['seconds']['total']:.0f} s\nuse it in a recipe as  head: {manifest['reference']}"
     )
+    if warning := underfit_warning(manifest):
+        err.print(warning)
+
+
+def underfit_warning(manifest: dict) -> str | None:
+    """A line when the head predicts held-out acceptance no better than the training labels' mean does
+    (a constant), which is what a small data set gives the paper's 3-block head: it over-fits, or with
+    few optimiser steps barely leaves its initialisation."""
+    head, constant = manifest["eval"]["binary_kl"], manifest["eval_constant_predictor"]["binary_kl"]
+    if head < constant:
+        return None
+    config = manifest["config"]
+    line = (
+        f"! the head's held-out binary KL {head:.4f} is not below a constant predictor's {constant:.4f} "
+        f"({manifest['steps']} optimiser steps over {manifest['train_sequences']} sequences, depth "
+        f"{config['depth']}): try --depth 0, another --epochs, or more --prompts"
+    )
+    if config["w_rej"] != config["w_acc"]:
+        weights = f"w_rej {config['w_rej']:g} against w_acc {config['w_acc']:g}"
+        line += f" ({weights} skews every prediction by design, which raises this KL)"
+    return line
 
 
 GROUPS = (Group("specdecpp", "SpecDec++ (Huang et al. 2024): train the acceptance prediction head."),)
