@@ -28,6 +28,7 @@ from specbench.papers.spec_cascades.curves import (
 )
 from specbench.papers.spec_cascades.tables import _paper, paper_label, spec_cascades_reference
 from specbench.papers.specdecpp.efficiency import (
+    beside_sd_curve,
     discard_verification_rates,
     fit_forward_times,
     rates_frontier,
@@ -492,6 +493,29 @@ def test_regression_on_noisy_times_is_close_and_r2_below_one():
     )
     assert 0.98 < fit.r2 < 1.0 and fit.n == 400
     assert math.isnan(fit_forward_times([1.0, 2.0], [1, 2], [2, 4]).t_draft)  # collinear: no fit
+
+
+def test_a_cell_is_read_against_sd_curve_at_its_own_discard_rate():
+    # SD's cells (k = 2, 4, 6) at discard 0.1, 0.3, 0.5 verify 0.4, 0.2, 0.15: the curve at 0.2 is 0.3
+    # and at 0.4 is 0.175; a cell outside SD's range, SD's own cells and AR read nothing
+    rates = pd.DataFrame(
+        [
+            {"dataset": "d", "method": "speculative", "discard_rate": 0.5, "verification_rate": 0.15},
+            {"dataset": "d", "method": "speculative", "discard_rate": 0.1, "verification_rate": 0.4},
+            {"dataset": "d", "method": "speculative", "discard_rate": 0.3, "verification_rate": 0.2},
+            {"dataset": "d", "method": "specdecpp", "discard_rate": 0.2, "verification_rate": 0.25},
+            {"dataset": "d", "method": "specdecpp", "discard_rate": 0.4, "verification_rate": 0.18},
+            {"dataset": "d", "method": "specdecpp", "discard_rate": 0.7, "verification_rate": 0.1},
+            {"dataset": "e", "method": "speculative", "discard_rate": 0.0, "verification_rate": 9.0},
+            {"dataset": "e", "method": "speculative", "discard_rate": 1.0, "verification_rate": 9.0},
+            {"dataset": "e", "method": "autoregressive", "discard_rate": 0.0, "verification_rate": 1.0},
+        ]
+    ).assign(target="t", drafter="q")
+    out = beside_sd_curve(rates)
+    curve = out["sd_curve_verification_rate"].tolist()
+    assert curve[3] == pytest.approx(0.3) and curve[4] == pytest.approx(0.175)
+    assert all(math.isnan(c) for c in curve[:3] + curve[5:])
+    assert out["below_sd_curve"].tolist() == ["", "", "", True, False, "", "", "", ""]
 
 
 def test_rates_frontier_prefers_lower_discard_and_verification():
