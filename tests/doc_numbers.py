@@ -179,7 +179,7 @@ def paragraphs_of(document: Path) -> list[Paragraph]:
     for gap in [*re.finditer(r"\n\s*\n", raw), None]:
         end = gap.start() if gap else len(raw)
         block, original = text[begin:end], raw[begin:end]
-        cited = tuple(dict.fromkeys([*_named(original, document), *own]))
+        cited = tuple(dict.fromkeys([*own, *_named(original, document)]))  # its own run first, for pins
         if cited and block.strip():
             line = raw.count("\n", 0, begin) + len(original) - len(original.lstrip("\n")) + 1
             out.append(Paragraph(document, line, block, cited))
