@@ -275,25 +275,22 @@ def beside_sd_curve(rates: pd.DataFrame) -> pd.DataFrame:
     lines between SD's cells ordered by discard rate; NaN outside SD's range (no extrapolation), for
     SD's own cells and for AR. ``below_sd_curve`` says whether the cell verifies less than that at
     equal discards (the paper's "lower-left is better"); empty where there is no curve to compare with."""
-    curve = np.full(len(rates), math.nan)
+    curve = pd.Series(math.nan, index=rates.index, dtype=float)
     if len(rates):
-        keys = ["dataset", "target", "drafter"]
-        sd = rates[(rates["method"] == "speculative") & rates["discard_rate"].notna()]
-        for _, group in sd.groupby(keys, sort=False):
-            group = group.sort_values("discard_rate", kind="stable")
-            x, y = group["discard_rate"].to_numpy(float), group["verification_rate"].to_numpy(float)
-            if len(x) < 2:
+        for _, group in rates.groupby(["dataset", "target", "drafter"], sort=False):
+            sd = group[(group["method"] == "speculative") & group["discard_rate"].notna()]
+            if len(sd) < 2:
                 continue
-            key = tuple(group[k].iloc[0] for k in keys)
-            others = ~rates["method"].isin(["speculative", BASELINE])
-            mine = (rates[keys].apply(tuple, axis=1) == key) & others
-            at = rates.loc[mine, "discard_rate"].to_numpy(float)
+            sd = sd.sort_values("discard_rate", kind="stable")
+            x, y = sd["discard_rate"].to_numpy(float), sd["verification_rate"].to_numpy(float)
+            others = group[~group["method"].isin(["speculative", BASELINE])]
+            at = others["discard_rate"].to_numpy(float)
             inside = (at >= x[0]) & (at <= x[-1])
-            curve[mine.to_numpy()] = np.where(inside, np.interp(at, x, y), math.nan)
-    rates["sd_curve_verification_rate"] = curve
-    verify = rates["verification_rate"] if len(rates) else []
+            curve[others.index] = np.where(inside, np.interp(at, x, y), math.nan)
+    rates["sd_curve_verification_rate"] = curve.to_numpy()
     rates["below_sd_curve"] = [
-        "" if math.isnan(c) else bool(v < c) for v, c in zip(verify, curve, strict=True)
+        "" if math.isnan(c) else bool(v < c)
+        for v, c in zip(rates.get("verification_rate", []), curve, strict=True)
     ]
     return rates
 
