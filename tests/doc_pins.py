@@ -2,7 +2,8 @@
 
 doc_numbers.py matches a number against the records its sentence may speak of. Where those records hold
 values one last digit apart (a sentence quoting three cells' speedups names none of them), a number with
-its last digit changed would still be read there. Each such number is pinned in tests/doc_pins.json: its
+its last digit changed would still be read there; so would an interval with a bound changed, where two
+cells share a speedup and its other bound. Each such number is pinned in tests/doc_pins.json: its
 document, the words before it, the number as written, and the row that holds it
 (``results/.../report.txt:42``, ``results/.../cells.csv:7``, a line of a paper's reference.yaml). The check
 (tests/test_readme_numbers.py) then fails when a pinned number is written otherwise (its pin no longer
@@ -95,20 +96,36 @@ def _written_values(cited: tuple[Path, ...]) -> frozenset[str]:
     return frozenset(out)
 
 
+def _parts(text: str, quoted: Quoted) -> list[tuple[int, str]]:
+    """Where each number ``quoted`` is made of starts in ``text``, and how it is written: the number,
+    and for an interval its two bounds."""
+    parts = [(quoted.start, quoted.text)]
+    if quoted.kind == "interval":
+        low, high = quoted.bounds
+        at_low = text.find(f"{low},", quoted.start)
+        at_high = text.find(f"{high}]", at_low + len(low))
+        if at_low > 0 and at_high > 0:
+            parts += [(at_low, low), (at_high, high)]
+    return parts
+
+
 @functools.cache
 def needs_pin(paragraph: Paragraph, text: str, quoted: Quoted) -> bool:
-    """``quoted`` holds as written and would with some other last digit too."""
+    """``quoted`` holds as written and would with some other last digit too (of the number, or of either
+    bound of an interval: two cells of one file can share a speedup and its lower bound)."""
     if not holds(paragraph, text, quoted):
         return False
     written = _written_values(paragraph.cited)
-    at = max(i for i, c in enumerate(quoted.text) if c.isdigit())
-    for digit in "0123456789":
-        number = quoted.text[:at] + digit + quoted.text[at + 1 :]
-        if number == quoted.text or number.replace(",", "") not in written:
-            continue
-        changed_text, changed = with_last_digit(text, quoted, int(digit))
-        if changed is not None and holds(paragraph, changed_text, changed):
-            return True
+    for start, part in _parts(text, quoted):
+        last = max(i for i, c in enumerate(part) if c.isdigit())
+        for digit in "0123456789":
+            number = part[:last] + digit + part[last + 1 :]
+            if number == part or number.replace(",", "") not in written:
+                continue
+            changed_text = text[: start + last] + digit + text[start + last + 1 :]
+            changed = next((q for q in quoted_numbers(changed_text) if q.start == quoted.start), None)
+            if changed is not None and holds(paragraph, changed_text, changed):
+                return True
     return False
 
 
