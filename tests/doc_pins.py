@@ -96,7 +96,7 @@ def _written_values(cited: tuple[Path, ...]) -> frozenset[str]:
     return frozenset(out)
 
 
-def _parts(text: str, quoted: Quoted) -> list[tuple[int, str]]:
+def number_parts(text: str, quoted: Quoted) -> list[tuple[int, str]]:
     """Where each number ``quoted`` is made of starts in ``text``, and how it is written: the number,
     and for an interval its two bounds."""
     parts = [(quoted.start, quoted.text)]
@@ -116,7 +116,7 @@ def needs_pin(paragraph: Paragraph, text: str, quoted: Quoted) -> bool:
     if not holds(paragraph, text, quoted):
         return False
     written = _written_values(paragraph.cited)
-    for start, part in _parts(text, quoted):
+    for start, part in number_parts(text, quoted):
         last = max(i for i, c in enumerate(part) if c.isdigit())
         for digit in "0123456789":
             number = part[:last] + digit + part[last + 1 :]

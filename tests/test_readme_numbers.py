@@ -29,7 +29,7 @@ from doc_numbers import (
     shows,
     unmatched,
 )
-from doc_pins import Key, failures, keyed, read_pins, with_last_digit
+from doc_pins import Key, failures, keyed, number_parts, read_pins, with_last_digit
 
 from specbench.models.machine import recorded_machine
 
@@ -260,10 +260,9 @@ def _mutations(per_kind: int = 10) -> list[tuple[Paragraph, Quoted]]:
 def _changed(quoted: Quoted, text: str, which: int) -> tuple[str, str]:
     """The paragraph with the last digit of an interval's value (``which`` 0), lower (1) or upper
     bound (2) one higher, and the interval as the check names it."""
+    at, written = number_parts(text, quoted)[which]
     parts = [quoted.text, *quoted.bounds]
-    written = parts[which]
     parts[which] = written[:-1] + str((int(written[-1]) + 1) % 10)
-    at = quoted.start if which == 0 else text.index(f"{written}{',' if which == 1 else ']'}", quoted.start)
     return text[:at] + parts[which] + text[at + len(written) :], f"{parts[0]} [{parts[1]}, {parts[2]}]"
 
 
