@@ -27,6 +27,7 @@ from doc_numbers import (
     ROOT,
     Paragraph,
     Quoted,
+    _named,
     _paperrecords_of,
     holds,
     is_in,
@@ -142,10 +143,21 @@ def pin_holds(pin: Pin, found: dict) -> bool:
 
 
 def rows_holding(paragraph: Paragraph, text: str, quoted: Quoted) -> list[str]:
-    """The rows, in the order the paragraph cites them, each of which alone holds ``quoted``."""
+    """The rows each of which alone holds ``quoted``: first those of the runs the paragraph or its
+    section's heading names (a results README cites its whole folder, whose other runs can hold the
+    same number by chance), then in the order the paragraph cites them."""
     records = [r for path in paragraph.cited for r in records_of(path)] + list(_paperrecords_of())
     rows = dict.fromkeys(r.where for r in records if is_in(quoted, (r,)))
-    return [row for row in rows if holds(paragraph, text, quoted, within=frozenset([row]))]
+    held = [row for row in rows if holds(paragraph, text, quoted, within=frozenset([row]))]
+    named = _named_here(paragraph)
+    return sorted(held, key=lambda row: not any((ROOT / row.split(":")[0]).is_relative_to(p) for p in named))
+
+
+def _named_here(paragraph: Paragraph) -> list[Path]:
+    """The results the paragraph names, and those its section's heading names."""
+    lines = paragraph.document.read_text().split("\n")[: paragraph.line - 1]
+    heading = next((line for line in reversed(lines) if line.startswith("#")), "")
+    return _named(paragraph.text, paragraph.document) + _named(heading, paragraph.document)
 
 
 def failures(paragraphs: list[Paragraph], pins: dict[Key, Pin], excused, texts=None) -> list[str]:

@@ -61,6 +61,29 @@ def test_rows_missing_their_prediction_by_more_than_twofold_either_way_are_count
     assert missed == {("d", "sd", "m"): 2}  # b (2.5x) and c (0.45x); d at exactly 2x is not a miss
 
 
+def test_a_row_whose_prompt_the_other_half_never_approached_is_not_counted_as_disturbed():
+    # the committed SmolLM2 three-engine run: two Spec-Bench prompts of 660 and 769 tokens fell in one
+    # half, the other half's longest prompt is 98 tokens, and the fit overpredicted both by 2-5x
+    by_fold = {0: [], 1: []}
+    for n in range(40):
+        by_fold[prediction._fold({"example_id": f"x{n}"})].append(f"x{n}")
+    short, other = by_fold[0][:3], by_fold[1][:3]
+    rows = []
+    for example, prompt in [(short[0], 60), (short[1], 98), (other[0], 40), (other[1], 769), (other[2], 196)]:
+        row = _row(example, 1.0)
+        row.update(example_id=example, prompt_tokens=prompt)
+        rows.append(row)
+    outside = prediction.extrapolated(rows, lambda row: "m")
+    # 769 > 2 x 98; 196 = 2 x 98 is inside; fold 0 (60, 98) is inside the other half's 40 / 2 .. 769 x 2
+    assert outside == {other[1]}
+    # every row takes a quarter of its prediction
+    predicted = {example: 4.0 for example in by_fold[0][:2] + by_fold[1][:3]}
+    assert prediction.missed_rows(rows, predicted, lambda row: "m") == {("d", "sd", "m"): 5}
+    assert prediction.missed_rows(rows, predicted, lambda row: "m", skip=outside) == {("d", "sd", "m"): 4}
+    rows[0].pop("prompt_tokens")  # a row from before prompts were recorded is never called extrapolated
+    assert short[0] not in prediction.extrapolated(rows, lambda row: "m")
+
+
 def test_the_report_names_the_cells_whose_rows_memory_or_something_else_disturbed():
     cells = pd.DataFrame(
         [

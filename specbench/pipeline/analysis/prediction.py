@@ -198,15 +198,39 @@ def held_out_columns(
 MISSED_BY = 2.0
 
 
+def extrapolated(rows: Sequence[dict], machine_of: Callable[[dict], str]) -> set[str]:
+    """Keys of the rows whose held-out prediction extrapolates: a prompt more than MISSED_BY times the
+    longest (or less than 1 / MISSED_BY the shortest) that the other half of the same machine's examples
+    holds. A fit to short prompts says little about a long prompt's prefill, so such a row missing its
+    prediction tells nothing about the row's walltime."""
+    by_machine: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        if timed(row) and isinstance(row.get("prompt_tokens"), int | float):
+            by_machine[machine_of(row)].append(row)
+    outside = set()
+    for group in by_machine.values():
+        for fold in range(FOLDS):
+            seen = [r["prompt_tokens"] for r in group if _fold(r) != fold]
+            if not seen:
+                continue
+            low, high = min(seen) / MISSED_BY, max(seen) * MISSED_BY
+            outside |= {r["key"] for r in group if _fold(r) == fold and not low <= r["prompt_tokens"] <= high}
+    return outside
+
+
 def missed_rows(
-    rows: Sequence[dict], predicted: dict[str, float], machine_of: Callable[[dict], str]
+    rows: Sequence[dict],
+    predicted: dict[str, float],
+    machine_of: Callable[[dict], str],
+    skip: set[str] = frozenset(),
 ) -> dict[tuple[str, str, str], int]:
     """(dataset, cell, machine) -> its rows whose walltime misses their held-out prediction by more
-    than a factor MISSED_BY either way."""
+    than a factor MISSED_BY either way; rows keyed in ``skip`` (see :func:`extrapolated`) are not
+    counted."""
     missed: dict[tuple[str, str, str], int] = defaultdict(int)
     for row in rows:
         forecast = predicted.get(row.get("key"))
-        if not forecast or not timed(row) or not forecast > 0:
+        if not forecast or not timed(row) or not forecast > 0 or row.get("key") in skip:
             continue
         ratio = row["walltime"] / forecast
         if ratio > MISSED_BY or ratio < 1 / MISSED_BY:

@@ -339,7 +339,8 @@ def _with_predictions(table: pd.DataFrame, rows: list[dict], machine: str | None
             by_cell[name].get((r.dataset, r.cell, r.machine), math.nan) for r in table.itertuples()
         ]
     # rows whose walltime is far from what the cell's other-half fit gives them: something else ran
-    missed = prediction.missed_rows(rows, per_row, machine_of)
+    # (not counted where that fit saw no prompt of the row's length: there the prediction misses)
+    missed = prediction.missed_rows(rows, per_row, machine_of, skip=prediction.extrapolated(rows, machine_of))
     table["prediction_missed_rows"] = [
         missed.get((r.dataset, r.cell, r.machine), 0) for r in table.itertuples()
     ]
