@@ -179,6 +179,8 @@ def test_the_ar_goal_also_measures_our_eager_ar_on_onednns_linear_layers():
     environment = copy.deepcopy(ENVIRONMENT)
     environment["models"]["to"] = {**environment["models"]["t"], "linear": "onednn"}
     assert engines.setups(environment)["to"].label == "specbench eager bfloat16 +oneDNN"
+    frozen = {**environment["models"]["t"], "engine": "compiled", "linear": "inductor"}
+    assert engines.setups({"models": {"ti": frozen}})["ti"].label == "specbench compiled bfloat16 +inductor"
     cells = pd.concat([CELLS, pd.DataFrame([_cell("ar-onednn", "to", 18.0, tpot=0.055)])], ignore_index=True)
     frame = engines.table(cells, environment, BANDWIDTH)
     assert engines.goal_ar_cells(frame, "ds") == ["ar-compiled", "ar-onednn"]  # plain eager is the baseline

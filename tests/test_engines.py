@@ -23,6 +23,7 @@ from specbench.cli import app
 from specbench.decoding import autoregressive, speculative
 from specbench.errors import SpecbenchError
 from specbench.models.base import LAST, ModelDrafter
+from specbench.models.compiled import FROZEN_OPTIONS, CompiledHFModel
 from specbench.models.hf import HFModel
 from specbench.recipe import parse_recipe
 
@@ -242,3 +243,18 @@ def test_the_compile_cache_folder_is_per_machine_and_torch_build(monkeypatch, tm
     folder = use_compile_cache()
     assert folder == str(tmp_path / "compile" / f"torch-{torch.__version__}-{this_machine().id}")
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == folder
+
+
+def test_inductor_linear_layers_freeze_the_weights_autotune_and_decode_as_eager(tiny_model):
+    """``linear: inductor``: a frozen graph (never stored), each matmul's kernel autotuned, and the same
+    greedy tokens as the eager engine (one bucket: the frozen compile is the slow part). Whether the
+    template or oneDNN won a shape is inductor's autotuning, cached on disk, so not asserted."""
+    weights = tiny_model("tiny-llama", 4).float()
+    model = CompiledHFModel(weights, "t", linear="inductor")
+    model.prepare(64)
+    assert model._store is None and model._options == FROZEN_OPTIONS and model.linear == "inductor"
+    prompt = random_prompt(4, 9)
+    eager = autoregressive.generate(HFModel(weights, "t"), prompt, max_new_tokens=24)
+    assert autoregressive.generate(model, prompt, max_new_tokens=24).tokens == eager.tokens
+    with pytest.raises(ValueError, match="aten or inductor, not 'onednn'"):
+        CompiledHFModel(weights, "t", linear="onednn")

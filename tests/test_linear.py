@@ -117,6 +117,23 @@ def test_onednn_on_another_engine_is_a_one_line_error(tmp_path):
         _recipe(tmp_path, everything_compiled)
 
 
+def test_the_compiled_engine_takes_inductor_which_changes_its_rows_keys_and_the_eager_engine_refuses_it(
+    tmp_path,
+):
+    compiled = FLOAT32.replace("init_std: 0.3}", "init_std: 0.3}, engine: compiled")
+    frozen = FLOAT32.replace("init_std: 0.3}", "init_std: 0.3}, engine: compiled, linear: inductor")
+    plain, inductor = _recipe(tmp_path, compiled), _recipe(tmp_path, frozen)
+    assert plain.linear_of("target") == "aten" and inductor.linear_of("target") == "inductor"
+    assert model_request(inductor, "target").linear == "inductor"
+    keys = [{c.fingerprint(r) for c in r.cells()} for r in (plain, inductor)]
+    assert not keys[0] & keys[1]
+    eager = FLOAT32.replace("init_std: 0.3}", "init_std: 0.3}, linear: inductor")
+    with pytest.raises(SpecbenchError, match=r"target\.linear: linear: inductor applies to the compiled"):
+        _recipe(tmp_path, eager)
+    problem, fix = linear.model_problem("target", "inductor", "vllm")
+    assert "runs on the vllm engine" in problem and "set engine: eager or compiled" in fix
+
+
 def test_a_cpu_whose_onednn_refuses_bfloat16_runs_it_on_aten_and_names_the_field(monkeypatch):
     # what torch 2.13's oneDNN says on an AVX2-only AMD EPYC (family 25) for a bfloat16 weight
     def refuse(weight):
@@ -214,7 +231,7 @@ def test_bench_times_the_onednn_copies_beside_the_eager_engine():
 
     from specbench.pipeline.experiments.bench import parse_engines, print_bench, run_bench
 
-    with pytest.raises(SpecbenchError, match="unknown engine 'mkl'.*use eager, compiled, onednn"):
+    with pytest.raises(SpecbenchError, match="unknown engine 'mkl'.*use eager, compiled, onednn, inductor"):
         parse_engines("eager,mkl")
     console = Console(file=open("/dev/null", "w"), width=160)  # noqa: SIM115
     with pytest.raises(
@@ -239,5 +256,25 @@ def test_prediction_tables_name_the_library_a_run_used():
         "a": {"parameters": 9, "dtype": "torch.float32", "engine": "eager", "linear": "onednn"},
         "b": {"parameters": 9, "dtype": "torch.float32", "engine": "compiled", "linear": "aten"},
         "c": {"parameters": 9, "dtype": "torch.float32"},  # a run from before the choice existed
+        "d": {"parameters": 9, "dtype": "torch.bfloat16", "engine": "compiled", "linear": "inductor"},
     }
-    assert model_setups({"models": models}) == "float32 compiled, float32 eager, float32 eager oneDNN"
+    assert model_setups({"models": models}) == (
+        "bfloat16 compiled inductor, float32 compiled, float32 eager, float32 eager oneDNN"
+    )
+
+
+def test_bench_times_the_compiled_engine_on_frozen_weights():
+    from rich.console import Console
+
+    from specbench.pipeline.experiments.bench import print_bench, run_bench
+
+    console = Console(file=open("/dev/null", "w"), width=160)  # noqa: SIM115
+    result = run_bench(
+        "tiny-llama", "same", 2, 1, 6, "float32", "cpu", "arithmetic", console, engines=("eager", "inductor")
+    )
+    assert {"ours inductor: AR", "ours inductor: SD k=2"} <= set(result.tallies)
+    assert result.tallies["ours inductor: AR"].target_passes == result.tallies["ours eager: AR"].target_passes
+    assert set(result.classes["ours inductor: AR vs ours eager: AR"]) <= {"identical", "tie"}
+    assert {"target (inductor)", "drafter (inductor)"} <= set(result.compile_s)
+    ratios = print_bench(result, console)
+    assert ratios["inductor AR / bandwidth limit"] > 0 and "inductor SD k=2 vs inductor AR" in ratios

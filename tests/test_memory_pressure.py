@@ -12,7 +12,7 @@ import pytest
 from specbench.models import memory_pressure
 from specbench.models.memory_pressure import MemorySnapshot
 from specbench.pipeline.analysis import prediction
-from specbench.pipeline.planning.host_memory import ENGINE_RUNTIME, host_memory
+from specbench.pipeline.planning.host_memory import ENGINE_RUNTIME, frozen_passes, host_memory
 from specbench.pipeline.views.notes import disturbed_note
 from specbench.recipe import load_recipe
 from specbench.tasks import TASKS
@@ -130,6 +130,24 @@ def test_the_plan_bills_each_kept_alive_engine_beside_specbenchs_own_models():
     assert bill["own_bytes"] == 2 * GiB + 2 * GiB + GiB // 2
     assert bill["needed_bytes"] == bill["own_bytes"] + engine["bytes"] and bill["fits"]
     assert host_memory(recipe, models, available=bill["needed_bytes"] - 1)["fits"] is False
+
+
+def test_the_plan_bills_a_frozen_model_one_copy_of_its_weights_per_pass_shape():
+    recipe = load_recipe(ROOT / "recipes" / "engines" / "qwen_ar_inductor.yaml", known_tasks=set(TASKS))
+    GiB = 2**30
+    models = [
+        {"name": "target_inductor", "weight_bytes": 3 * GiB, "footprint_bytes": 4 * GiB},
+        {"name": "small_inductor", "weight_bytes": GiB, "footprint_bytes": 2 * GiB},
+        {"name": "target_llamacpp_bf16", "weight_bytes": 3 * GiB, "footprint_bytes": 4 * GiB},
+        {"name": "small", "weight_bytes": GiB, "footprint_bytes": 2 * GiB},
+    ]
+    # target and drafter each compile one token and k + 1 = 5 tokens (AR and SD k = 4 cells)
+    shapes = {("chain", 1), ("chain", 5)}
+    assert frozen_passes(recipe, "target_inductor") == frozen_passes(recipe, "small_inductor") == shapes
+    assert frozen_passes(recipe, "small") == set()  # eager: its weights are its parameters alone
+    bill = host_memory(recipe, models, available=40 * GiB)
+    assert bill["frozen_bytes"] == 2 * 3 * GiB + 2 * GiB
+    assert bill["own_bytes"] == 4 * GiB + 2 * GiB + 2 * GiB + bill["frozen_bytes"]
 
 
 def test_an_engine_that_dies_is_named_by_its_error_not_its_last_progress_bar():

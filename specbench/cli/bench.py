@@ -24,7 +24,8 @@ def bench(
         "eager",
         help="Engines to time, comma-separated: eager (HF passes, dynamic cache), compiled (static cache, "
         "compiled passes: minutes of compilation on a CPU, reported apart), onednn (eager, with the "
-        "linear layers on oneDNN's reordered weights: a recipe's linear: onednn), e.g. "
+        "linear layers on oneDNN's reordered weights: a recipe's linear: onednn), inductor (compiled, "
+        "weights frozen into inductor's autotuned GEMM templates: linear: inductor; CPU), e.g. "
         "eager,onednn,compiled.",
     ),
     target_options: str = typer.Option(

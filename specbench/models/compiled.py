@@ -48,6 +48,19 @@ ENGINES = ("eager", "compiled")
 # a second process 2.2 s against 164.3 s. On a Xeon with AMX the templates were worth more (16.1 ms
 # against 24.0 without them, earlier configuration); that machine was not available to compare.
 CPU_OPTIONS = {"freezing": False, "cpp_wrapper": True}
+# ``linear: inductor``: the weights frozen into the graphs, and each linear layer's kernel chosen by timing
+# inductor's C++ GEMM template against oneDNN's prepacked matmul. Where the passes are bound by reading
+# the weights, the template streams them near the machine's bandwidth: Qwen2.5-Coder-1.5B's bf16 linear
+# layers over one row at 31.3 GB/s, against 21.9 with oneDNN, 16.5 with ATen and 34.1 for a plain read, on a
+# 2-core EPYC (family 25, AVX512-BF16; results/bench/cpu_linear_bandwidth_*.txt), and that model's AR at
+# 0.94x llama.cpp's BF16 time per token (results/engines/qwen_ar_inductor/). Frozen graphs cannot be
+# stored: every process compiles them (there 105 s for the one-token pass), outside the clock as always.
+FROZEN_OPTIONS = {
+    "freezing": True,
+    "cpp_wrapper": True,
+    "max_autotune": True,
+    "max_autotune_gemm_backends": "CPP,ATEN",
+}
 # quick compilation for tests: the same graphs over the same caches, Python wrapper, no autotuning
 QUICK_OPTIONS = {"freezing": False, "max_autotune": False}
 CAPACITY_STEP = 256
@@ -76,11 +89,18 @@ class CompiledHFModel(HFModel):
     """An :class:`HFModel` whose decode and verify passes run compiled graphs over a static cache.
 
     ``quick=True`` compiles without freezing and autotuning: the same code path and graphs with other
-    kernels, in a fraction of the time (the tests use it).
+    kernels, in a fraction of the time (the tests use it). ``linear="inductor"`` (CPU) freezes the
+    weights into the graphs and autotunes their matmuls (:data:`FROZEN_OPTIONS`); such graphs are not
+    stored, so every process compiles them.
     """
 
-    def __init__(self, model, name: str, tokenizer=None, *, quick: bool = False):
+    def __init__(self, model, name: str, tokenizer=None, *, quick: bool = False, linear: str = "aten"):
         super().__init__(model, name, tokenizer)
+        if linear not in ("aten", "inductor"):
+            raise ValueError(
+                f"{name}: the compiled engine's linear layers are aten or inductor, not {linear!r}"
+            )
+        self.linear, self.linear_probe = linear, {}  # recorded as the eager engine's choice is
         # one graph per (model, bucket, cache size): models of one class share dynamo's limit
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
         torch._dynamo.config.accumulated_recompile_limit = max(
@@ -94,7 +114,9 @@ class CompiledHFModel(HFModel):
         else:
             self._step = torch.compile(self.model.forward, dynamic=False)
             # inductor reads these when it compiles (in _compile); torch.compile's options= drops freezing
-            self._options = QUICK_OPTIONS if quick else CPU_OPTIONS
+            self._options = (
+                FROZEN_OPTIONS if linear == "inductor" else QUICK_OPTIONS if quick else CPU_OPTIONS
+            )
         self.buckets: tuple[int, ...] = (1,)
         self.tree_buckets: tuple[int, ...] = ()  # tree passes: committed token + nodes, padded up
         self._tree_inputs: dict[tuple, tuple[torch.Tensor, ...]] = {}  # (bucket, capacity) -> buffers
@@ -107,7 +129,7 @@ class CompiledHFModel(HFModel):
         # stored graph, or None where it could not be stored (self._step compiles it then)
         self._store = (
             None
-            if self.device.type == "cuda"
+            if self.device.type == "cuda" or self._options["freezing"]
             else GraphStore(self.model, self._cache_argument, self.compile_cache_dir, self._options)
         )
         self._graphs: dict[tuple, object] = {}

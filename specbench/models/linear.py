@@ -11,10 +11,12 @@ this decides speculative decoding's walltime on such machines. Which one is fast
 (MKL takes its fast paths on Intel's), so it is measured, never assumed: ``auto`` times both on the
 model's own layers at load (:func:`fastest`).
 
-Only the eager engine swaps its layers (the compiled engine's graphs take the weights as inputs, and
-oneDNN's reordered weight is an opaque tensor a graph cannot take). Numerics: both compute in the
-model's dtype with float32 accumulation; sums run in another order, so logits differ in the last bits,
-as they do between pass sizes on one library (the lossless audit's business, pipeline/analysis/numerics.py).
+Only the eager engine swaps its layers (the compiled engine's stored graphs take the weights as inputs,
+and oneDNN's reordered weight is an opaque tensor a graph cannot take); the compiled engine's own choice,
+``linear: inductor``, freezes the weights into its graphs instead (specbench.models.compiled).
+Numerics: both compute in the model's dtype with float32 accumulation; sums run in another order, so
+logits differ in the last bits, as they do between pass sizes on one library (the lossless audit's
+business, pipeline/analysis/numerics.py).
 """
 
 from __future__ import annotations
@@ -171,13 +173,33 @@ def resolve(module: nn.Module, wanted: str) -> tuple[str, dict]:
     return wanted, timings
 
 
+# on the compiled engine: aten (the default: graphs that take the weights as inputs and call ATen's
+# matmul, stored on disk) or inductor (frozen weights, autotuned C++ GEMM templates: models/compiled.py)
+COMPILED_BACKENDS = ("aten", "inductor")
+
+
 def model_problem(name: str, wanted: str | None, engine: str) -> tuple[str, str] | None:
     """Why model ``name`` on ``engine`` cannot take ``linear: wanted``, as (problem, fix); None when it
-    can. Only the eager engine swaps its layers; a serving engine picks its own kernels."""
-    if wanted not in (None, "aten") and engine != "eager":
+    can. The eager engine swaps its layers for oneDNN's, the compiled engine can freeze its weights into
+    inductor's GEMM templates, and a serving engine picks its own kernels."""
+    if wanted in (None, "aten"):
+        return None
+    if engine == "eager" and wanted == "inductor":
         return (
-            f"linear: {wanted} applies to the eager engine, and model {name} runs on the {engine} engine",
-            f"set engine: eager on model {name}, or remove its linear",
+            f"linear: inductor applies to the compiled engine, and model {name} runs on the eager engine",
+            f"set engine: compiled on model {name}, or use linear: onednn for the eager engine",
+        )
+    if engine == "compiled" and wanted not in COMPILED_BACKENDS:
+        return (
+            f"linear: {wanted} applies to the eager engine; on the compiled engine model {name} takes "
+            f"linear: aten or inductor",
+            f"set linear: inductor on model {name} (frozen weights, autotuned GEMM templates), or remove it",
+        )
+    if engine not in ("eager", "compiled"):
+        return (
+            f"linear: {wanted} applies to the eager and compiled engines, and model {name} runs on the "
+            f"{engine} engine",
+            f"set engine: eager or compiled on model {name}, or remove its linear",
         )
     return None
 

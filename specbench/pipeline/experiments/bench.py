@@ -1,6 +1,7 @@
 """Our decoding loops on both engines against Hugging Face ``generate``, on the same model, prompts
 and k, and against the memory-bandwidth limit, all measured in one process. ``onednn`` adds the eager
-engine with oneDNN's linear layers (specbench.models.linear) on copies of both models.
+engine with oneDNN's linear layers (specbench.models.linear) on copies of both models; ``inductor`` the
+compiled engine on frozen weights (``linear: inductor``, specbench.models.compiled) over the same ones.
 
 Each prompt runs every method back to back (interleaved, so drift in machine speed hits all of
 them alike) after one untimed warm-up prompt; compiled engines compile every shape before it.
@@ -75,8 +76,9 @@ class BenchResult:
     classes: dict[str, list[str]]  # per compared pair: identical / tie / mismatch per prompt
 
 
-# bench's engines: the recipe engines, and the eager engine with oneDNN's linear layers (linear: onednn)
-BENCH_ENGINES = (*ENGINES, "onednn")
+# bench's engines: the recipe engines, the eager engine with oneDNN's linear layers (linear: onednn), and
+# the compiled engine on frozen weights (linear: inductor)
+BENCH_ENGINES = (*ENGINES, "onednn", "inductor")
 
 
 def parse_engines(text: str) -> tuple[str, ...]:
@@ -159,16 +161,27 @@ def run_bench(
                 )
             ]
         methods.update(_methods("ours onednn", *onednn, lookup, k, max_new_tokens, eos))
-    if "compiled" in engines:
-        fast_target = CompiledHFModel(target.model, "target", target.tokenizer)
-        fast_drafter = CompiledHFModel(draft_model.model, "drafter", draft_model.tokenizer)
-        for model in (fast_target, fast_drafter):
-            with console.status(f"compiling the {model.name}'s passes of 1 and {k + 1} tokens"):
-                compile_s[model.name] = model.prepare(longest, (k,))
-        console.print(
-            f"compiled in {compile_s['target']:.0f} s (target), {compile_s['drafter']:.0f} s (drafter)"
+    if "inductor" in engines and target.device.type != "cpu":
+        raise SpecbenchError(
+            "--engine",
+            f"inductor freezes the weights into inductor's C++ GEMM templates, which run on the CPU; the "
+            f"target is on {target.device}",
+            "drop inductor, or pass --device cpu",
         )
-        methods.update(_methods("ours compiled", fast_target, fast_drafter, lookup, k, max_new_tokens, eos))
+    for engine, linear in (("compiled", "aten"), ("inductor", "inductor")):
+        if engine not in engines:
+            continue
+        fast_target = CompiledHFModel(target.model, "target", target.tokenizer, linear=linear)
+        fast_drafter = CompiledHFModel(draft_model.model, "drafter", draft_model.tokenizer, linear=linear)
+        took = {}
+        for model in (fast_target, fast_drafter):
+            with console.status(f"compiling the {model.name}'s {engine} passes of 1 and {k + 1} tokens"):
+                took[model.name] = model.prepare(longest, (k,))
+        compile_s.update({f"{name} ({engine})": seconds for name, seconds in took.items()})
+        target_s, drafter_s = took["target"], took["drafter"]
+        console.print(f"{engine}: compiled in {target_s:.0f} s (target), {drafter_s:.0f} s (drafter)")
+        methods.update(_methods(f"ours {engine}", fast_target, fast_drafter, lookup, k, max_new_tokens, eos))
+    if "compiled" in engines:
         static = _hf_static(target, max_new_tokens, eos, longest)
         with console.status("compiling HF generate(cache_implementation='static')"):
             started = time.perf_counter()
@@ -195,6 +208,8 @@ def run_bench(
         (f"ours eager: SD k={k}", "ours eager: AR"),
         ("ours onednn: AR", "ours eager: AR"),
         (f"ours onednn: SD k={k}", "ours onednn: AR"),
+        ("ours inductor: AR", "ours eager: AR"),
+        (f"ours inductor: SD k={k}", "ours inductor: AR"),
     ):
         if ours in tallies and reference in tallies:
             classes[f"{ours} vs {reference}"] = _classes(
@@ -402,18 +417,22 @@ def print_bench(result: BenchResult, console: Console) -> dict[str, float]:
             "ours onednn: AR",
             f"ours onednn: SD prompt-lookup k={k}",
         ),
+        ("inductor AR vs compiled AR", "ours compiled: AR", "ours inductor: AR"),
+        ("inductor AR vs oneDNN AR", "ours onednn: AR", "ours inductor: AR"),
+        (f"inductor SD k={k} vs inductor AR", "ours inductor: AR", f"ours inductor: SD k={k}"),
     )
     for label, theirs, ours in pairs:
         if theirs in tallies and ours in tallies:
             ratios[label] = tallies[theirs].ms_per_token / tallies[ours].ms_per_token
             console.print(f"{label}: [bold]{ratios[label]:.2f}x[/bold] (walltime per token)")
-    if "ours compiled: AR" in tallies:
-        bound = ratios["compiled AR / bandwidth limit"] = (
-            tallies["ours compiled: AR"].ms_per_token / result.limit_ms
-        )
-        console.print(f"compiled AR per token / bandwidth limit: [bold]{bound:.2f}x[/bold]")
+    for engine in ("compiled", "inductor"):
+        if f"ours {engine}: AR" in tallies:
+            bound = ratios[f"{engine} AR / bandwidth limit"] = (
+                tallies[f"ours {engine}: AR"].ms_per_token / result.limit_ms
+            )
+            console.print(f"{engine} AR per token / bandwidth limit: [bold]{bound:.2f}x[/bold]")
     for name, t in tallies.items():
-        if name.startswith("ours compiled"):
+        if name.startswith(("ours compiled", "ours inductor")):
             console.print(f"loop overhead of {name}: [bold]{t.overhead:.1%}[/bold]")
     for label, classes in result.classes.items():
         counts = {c: classes.count(c) for c in ("identical", "tie", "mismatch")}

@@ -9,8 +9,10 @@ in a ``by-cell`` run, which stops each when its cells are done), each holding th
 cache (``kv_cache_gib``), a model drafter's weights where the setting drafts with one, and
 :data:`ENGINE_RUNTIME` for the engine's own process. A server specbench does not start (``engine:
 openai``) holds nothing here: it is listed as remote and not billed (specbench loads its tokenizer
-alone; with ``audit_weights`` its copy of the weights is billed as specbench's own). An estimate, stated
-as one: allocator slack, page cache and the engine's compile caches come on top.
+alone; with ``audit_weights`` its copy of the weights is billed as specbench's own). A compiled model on
+``linear: inductor`` holds one packed copy of its weights per pass shape it compiles (frozen graphs take
+their weights as constants, laid out for their GEMM kernels), billed as specbench's own. An estimate,
+stated as one: allocator slack, page cache and the engine's compile caches come on top.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import json
 
 from specbench.engines import ENGINE_NAMES, is_remote
-from specbench.methods import BASELINE
+from specbench.methods import BASELINE, METHODS
 from specbench.models.memory_pressure import available_bytes
 from specbench.pipeline.planning.placement import GiB
 
@@ -36,6 +38,8 @@ def host_memory(recipe, models: list[dict], available: int | None = None) -> dic
     by_cell = getattr(recipe, "schedule", None) == "by-cell"
     own = sum(m["footprint_bytes"] for m in models if recipe.models[m["name"]].engine not in ENGINE_NAMES)
     own += sum(m["footprint_bytes"] for m in models if is_remote(recipe.models[m["name"]].engine))
+    frozen = {m["name"]: m["weight_bytes"] * len(frozen_passes(recipe, m["name"])) for m in models}
+    own += sum(frozen.values())
     engines = []
     for name, spec in recipe.models.items():
         if spec.engine not in ENGINE_NAMES:
@@ -66,9 +70,27 @@ def host_memory(recipe, models: list[dict], available: int | None = None) -> dic
     available = available_bytes() if available is None else available
     return {
         "own_bytes": own,
+        "frozen_bytes": sum(frozen.values()),
         "engines": engines,
         "needed_bytes": needed,
         "one_engine_at_a_time": by_cell,
         "available_bytes": available,
         "fits": None if available is None else needed <= available,
     }
+
+
+def frozen_passes(recipe, name: str) -> set[tuple[str, int]]:
+    """The pass shapes model ``name`` compiles into frozen graphs (``linear: inductor`` on the compiled
+    engine; none otherwise): one token, and k + 1 and 1 + tree nodes for each cell it serves in, as
+    :meth:`~specbench.models.compiled.CompiledHFModel.prepare` compiles them for the target and its
+    drafters alike."""
+    if recipe.engine_of(name) != "compiled" or recipe.linear_of(name) != "inductor":
+        return set()
+    shapes = {("chain", 1)}
+    for cell in recipe.cells():
+        if name not in (cell.target, cell.drafter, *(getattr(cell, "drafters", None) or ())):
+            continue
+        method = METHODS[cell.method]
+        shapes |= {("chain", k + 1) for k in method.draft_lengths(cell.params) if k > 0}
+        shapes |= {("tree", n + 1) for n in method.tree_sizes(cell.params) if n > 0}
+    return shapes

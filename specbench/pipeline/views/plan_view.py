@@ -121,8 +121,14 @@ def _host_memory(bill: dict | None) -> list[str]:
     else:
         engines = "".join(f" + {part}" for part in parts)
     engines += remote
+    frozen = (
+        f" (of which frozen graphs' packed weights {show_bytes(bill['frozen_bytes'])})"
+        if bill.get("frozen_bytes")
+        else ""
+    )
     needed = (
-        f"{show_bytes(bill['needed_bytes'])}: specbench's models {show_bytes(bill['own_bytes'])}{engines}"
+        f"{show_bytes(bill['needed_bytes'])}: specbench's models {show_bytes(bill['own_bytes'])}{frozen}"
+        f"{engines}"
     )
     if bill["available_bytes"] is None:
         return [f"host memory: needs about {needed} (this machine's available memory is unreadable)"]

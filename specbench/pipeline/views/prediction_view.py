@@ -95,13 +95,18 @@ def _environment(run_dir: Path) -> dict:
         raise SpecbenchError(str(path), f"unreadable ({error})", "name a run directory") from None
 
 
+# the linear layers' library of a model where it is not the engine's default (specbench.models.linear)
+LINEAR_LABELS = {"onednn": " oneDNN", "inductor": " inductor"}
+
+
 def model_setups(environment: dict) -> str:
     """The run's models as "dtype engine" pairs, those with weights and a recorded dtype (the heads of
-    older runs recorded none); "eager oneDNN" where the linear layers ran on oneDNN (models/linear.py)."""
+    older runs recorded none); "eager oneDNN" where the linear layers ran on oneDNN, "compiled inductor"
+    where they were frozen into inductor's GEMM templates (models/linear.py)."""
     models = environment.get("models") or {}
     setups = {
         f"{str(m.get('dtype')).removeprefix('torch.')} {m.get('engine') or 'eager'}"
-        + (" oneDNN" if m.get("linear") == "onednn" else "")
+        + LINEAR_LABELS.get(m.get("linear"), "")
         for m in models.values()
         if m.get("parameters") and m.get("dtype")
     }
