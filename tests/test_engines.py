@@ -258,3 +258,13 @@ def test_inductor_linear_layers_freeze_the_weights_autotune_and_decode_as_eager(
     assert autoregressive.generate(model, prompt, max_new_tokens=24).tokens == eager.tokens
     with pytest.raises(ValueError, match="aten or inductor, not 'onednn'"):
         CompiledHFModel(weights, "t", linear="onednn")
+
+
+def test_inductor_linear_layers_are_refused_off_the_cpu(tiny_model, monkeypatch):
+    """On CUDA the compiled engine records CUDA graphs: a model asked for frozen CPU GEMMs there is
+    refused, not run as CUDA graphs and recorded as ``linear: inductor``."""
+    import specbench.models.compiled as compiled
+
+    monkeypatch.setattr(compiled, "input_device", lambda model: torch.device("cuda"))
+    with pytest.raises(ValueError, match="run on the CPU"):
+        CompiledHFModel(tiny_model("tiny-llama", 4), "t", linear="inductor")

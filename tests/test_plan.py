@@ -3,6 +3,7 @@ forward passes and α, on the command line and as data. Meta device only: nothin
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 from pathlib import Path
@@ -16,6 +17,7 @@ from specbench.errors import SpecbenchError
 from specbench.models import facts
 from specbench.models.checksums import CHECKSUM, row_checksum
 from specbench.pipeline.planning import placement, plan
+from specbench.pipeline.run.datasets import load_datasets
 from specbench.recipe import load_recipe, parse_recipe
 from specbench.sources import source_of
 from specbench.tasks import TASKS
@@ -113,17 +115,21 @@ def test_speculative_passes_follow_leviathan_by_hand():
 
 
 def _previous_run(directory: Path) -> Path:
+    """Two rows of ``sd-draft[k=4]`` under the keys a run of TINY gives them, its models renamed."""
     directory.mkdir()
+    recipe = load_recipe(TINY)
+    cell = next(c for c in recipe.cells() if c.id == "sd-draft[k=4]")
+    dataset = load_datasets(recipe, None, lambda field: contextlib.nullcontext())[0]
     rows = [
         {
-            "key": f"k{i}",
+            "key": plan.PlannedKeys(recipe).row_key(cell, dataset, example),
             "dataset": "arithmetic/test",
             "cell": "sd-draft[k=4]",
-            "example_id": f"arith-00{i}",
+            "example_id": example.id,
             "prompt_tokens": 90,
             "forwards": {"big": {"forward_passes": 10, "seconds": 0.5}},
         }
-        for i in (1, 2)
+        for example in dataset.examples[:2]
     ]
     signed = [{**r, CHECKSUM: row_checksum(r)} for r in rows]  # as a run writes them (resolved_recipe.yaml)
     (directory / "examples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in signed))
@@ -155,6 +161,17 @@ def test_alpha_rows_and_pass_time_come_from_a_previous_run(tmp_path):
     target = next(m for m in bill["models"] if m["name"] == "target")
     assert target["pass_ms"] == pytest.approx(50.0) and target["pass_ms_source"].startswith("previous run")
     assert bill["assumptions"]["datasets"][0]["prompt_tokens"] == 90
+    # rows done are rows a resume skips: under another seed the same cell's rows are new rows
+    reseeded = parse_recipe(yaml.safe_load(TINY.read_text()) | {"seed": 1}, TINY, set(TASKS))
+    cells = {c["cell"]: c for c in plan.build_plan(reseeded, plan.Hardware(), output_dir=previous)["cells"]}
+    assert cells["sd-draft[k=4]"]["rows"] == 4 and cells["sd-draft[k=4]"]["rows_done"] == 0
+
+
+def test_rows_done_are_the_rows_a_resume_skips(tmp_path):
+    out = tmp_path / "run"
+    assert runner.invoke(app, ["run", str(TINY), "-o", str(out), "--limit", "1"]).exit_code == 0
+    cells = plan.build_plan(load_recipe(TINY), plan.Hardware(), output_dir=out)["cells"]
+    assert {(c["rows_done"], c["rows"]) for c in cells} == {(1, 3)}
 
 
 def test_json_output_parses_and_pass_ms_is_used():

@@ -36,7 +36,7 @@ from transformers import StaticCache
 from specbench.models import cache
 from specbench.models.base import Layer, Pass, pick_hidden
 from specbench.models.graph_store import GraphStore
-from specbench.models.hf import HFModel
+from specbench.models.hf import HFModel, input_device
 from specbench.models.tree import TokenTree, move_path_entries, tree_attention, tree_positions
 
 ENGINES = ("eager", "compiled")
@@ -95,11 +95,16 @@ class CompiledHFModel(HFModel):
     """
 
     def __init__(self, model, name: str, tokenizer=None, *, quick: bool = False, linear: str = "aten"):
-        super().__init__(model, name, tokenizer)
         if linear not in ("aten", "inductor"):
             raise ValueError(
                 f"{name}: the compiled engine's linear layers are aten or inductor, not {linear!r}"
             )
+        if linear == "inductor" and input_device(model).type != "cpu":  # else recorded over CUDA graphs
+            raise ValueError(
+                f"{name}: linear inductor freezes the weights into inductor's C++ GEMM templates, which "
+                "run on the CPU"
+            )
+        super().__init__(model, name, tokenizer)
         self.linear, self.linear_probe = linear, {}  # recorded as the eager engine's choice is
         # one graph per (model, bucket, cache size): models of one class share dynamo's limit
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)

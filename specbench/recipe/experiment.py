@@ -210,6 +210,11 @@ class Cell:
         values = (f"{key}={grid.compact(self.params[key])}" for key in self.grid_keys)
         return f"{self.method_name}[{','.join(values)}]"
 
+    @property
+    def drafter_names(self) -> tuple[str, ...]:
+        """Every drafter of the cell: a cascade's list, the one drafter, or none."""
+        return self.drafters or ((self.drafter,) if self.drafter else ())
+
     def fingerprint(self, recipe: Recipe) -> str:
         """Hash of everything that determines this cell's outputs, and of nothing else in the recipe."""
         info = METHODS[self.method]

@@ -88,7 +88,7 @@ def frozen_passes(recipe, name: str) -> set[tuple[str, int]]:
         return set()
     shapes = {("chain", 1)}
     for cell in recipe.cells():
-        if name not in (cell.target, cell.drafter, *(getattr(cell, "drafters", None) or ())):
+        if name not in (cell.target, *cell.drafter_names):
             continue
         method = METHODS[cell.method]
         shapes |= {("chain", k + 1) for k in method.draft_lengths(cell.params) if k > 0}

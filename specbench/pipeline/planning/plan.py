@@ -21,20 +21,19 @@ Every assumption is returned with the numbers it produced (``plan["assumptions"]
   a few passes), else the previous run's seconds / forward passes of the same model, else weight bytes /
   memory bandwidth (batch-1 decoding reads every weight once a pass; a lower bound, no kernel launch or
   Python cost). A model split over GPUs runs its parts one after another, so the rule is unchanged.
+* rows left: the dataset's examples less those whose row the previous run holds under the key ``run
+  --resume`` skips by (the cell's settings, the example and its prompt), so a changed setting counts its
+  rows again; by cell name and example id where the dataset does not read offline.
 * walltime per cell: (rows x repeats + warm-up) x the passes' time; replayed cells time the target
   only on their ``replay_check`` rows. GPU-hours: walltime x the GPUs the placement occupies.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-
-import yaml
 
 from specbench import sources
 from specbench.engines import ENGINE_NAMES, is_remote
@@ -43,7 +42,9 @@ from specbench.methods import BASELINE, METHODS, TARGET
 from specbench.pipeline.planning import placement
 from specbench.pipeline.planning.host_memory import host_memory
 from specbench.pipeline.planning.placement import GiB
-from specbench.pipeline.records.results import CELLS, EXAMPLES, RESOLVED_RECIPE, read_examples
+from specbench.pipeline.planning.previous import Previous, previous_alpha, previous_pass_ms, read_previous
+from specbench.pipeline.run.datasets import DatasetRun
+from specbench.pipeline.run.keys import RowKeys
 
 DEFAULT_PROMPT_TOKENS = 1024
 CHARS_PER_TOKEN = 4  # English text under a ~32k-50k BPE vocabulary; a stated rule, not a tokenizer
@@ -60,48 +61,6 @@ class Hardware:
     reserve: float = 1 * GiB  # per GPU: CUDA context, workspace
     bandwidth: float = 2e12  # bytes/s of a GPU's memory
     cpu_bandwidth: float = 20e9
-
-
-@dataclass
-class Previous:
-    """What an earlier run in ``--output-dir`` tells the plan."""
-
-    rows: list[dict]
-    cells: list[dict]
-    models: dict[str, str]  # that run's model name -> identity (source, dtype, revision, options)
-
-    def identity(self, name: str | None) -> str | None:
-        """What makes the model that run called ``name`` the same model (its name, without records)."""
-        return None if name is None else self.models.get(name, name)
-
-
-def identity(spec: dict) -> str:
-    """A recipe model's identity across runs: the same weights, dtype and loader options."""
-    keys = ("source", "dtype", "revision", "options")
-    return json.dumps({key: spec.get(key) for key in keys}, sort_keys=True, default=str)
-
-
-def read_previous(output_dir: Path | None) -> Previous | None:
-    if output_dir is None or not (Path(output_dir) / EXAMPLES).is_file():
-        return None
-    rows = read_examples(output_dir)
-    cells = []
-    if (Path(output_dir) / CELLS).is_file():
-        with open(Path(output_dir) / CELLS, newline="") as handle:
-            cells = list(csv.DictReader(handle))
-    models = {}
-    resolved = Path(output_dir) / RESOLVED_RECIPE
-    if resolved.is_file():
-        specs = (yaml.safe_load(resolved.read_text()) or {}).get("models") or {}
-        models = {name: identity(spec) for name, spec in specs.items()}
-    return Previous(rows, cells, models)
-
-
-def _identities(recipe, previous: Previous) -> dict[str, str]:
-    """This recipe's model name -> identity, or the name itself when the earlier run left no record."""
-    if not previous.models:
-        return {name: name for name in recipe.models}
-    return {name: identity(spec.model_dump(mode="json")) for name, spec in recipe.models.items()}
 
 
 NO_RULE = "no rule for this method: one target pass per token"
@@ -184,7 +143,7 @@ def build_plan(
     times = pass_times(recipe, facts, placed, hardware, pass_ms or {}, timed, previous)
     for model in models:
         model["pass_ms"], model["pass_ms_source"] = times[model["name"]]
-    cells = cell_bills(recipe, datasets, times, previous, acceptance)
+    cells = cell_bills(recipe, datasets, times, previous, acceptance, finished_rows(recipe, previous, limit))
     seconds = [c["seconds"] for c in cells if c["seconds"] is not None]
     gpus_used = len([g for g in placed["gpus"] if g["models"]]) if placed else 0
     hours = sum(seconds) / 3600
@@ -323,7 +282,7 @@ def pass_times(recipe, facts, placed, hardware, given, timed, previous) -> dict[
     on_gpu = set()
     for gpu in placed["gpus"] if placed else ():
         on_gpu |= {entry["name"] for entry in gpu["models"]}
-    measured = _previous_pass_ms(recipe, previous)
+    measured = previous_pass_ms(recipe, previous)
     times = {}
     for name in sorted(facts, key=lambda n: facts[n].shares is not None):  # early exits after their base
         fact = facts[name]
@@ -359,61 +318,58 @@ def pass_times(recipe, facts, placed, hardware, given, timed, previous) -> dict[
     return times
 
 
-def _previous_pass_ms(recipe, previous: Previous | None) -> dict[str, float]:
+class PlannedKeys(RowKeys):
+    """The keys a run of ``recipe`` gives its rows on the machine that started it."""
+
+    def __init__(self, recipe):
+        self.recipe, self.repeats, self.key_scope, self._resolved = recipe, recipe.repeats, None, {}
+
+
+def finished_rows(recipe, previous: Previous | None, limit: int | None) -> dict[tuple[str, str], int]:
+    """(dataset, cell id) -> rows of the previous run that ``run --resume`` would skip: its rows under
+    this recipe's keys. A dataset that does not read offline is counted by cell name and example id."""
+    from specbench.tasks import get_task
+
     if previous is None:
         return {}
-    seconds: dict[str, float] = {}
-    passes: dict[str, int] = {}
-    ours = _identities(recipe, previous)
-    for row in previous.rows:
-        if row.get("replayed"):
-            continue
-        for old_name, counts in (row.get("forwards") or {}).items():
-            if not math.isfinite(counts.get("seconds", math.nan)):
+    recorded = {row.get("key") for row in previous.rows}
+    keys, finished = PlannedKeys(recipe), {}
+    for spec in recipe.datasets:
+        task = get_task(spec.task)
+        split = spec.split or task.default_split
+        label = f"{spec.task}/{split}"
+        examples = _local_examples(task, spec, split)
+        for cell in recipe.cells():
+            if examples is None:
+                ids = {
+                    r.get("example_id")
+                    for r in previous.rows
+                    if (r["dataset"], r["cell"]) == (label, cell.id)
+                }
+                finished[label, cell.id] = len(ids)
                 continue
-            for name in (n for n, same in ours.items() if same == previous.identity(old_name)):
-                seconds[name] = seconds.get(name, 0.0) + counts["seconds"]
-                passes[name] = passes.get(name, 0) + counts.get("forward_passes", 0)
-    return {name: seconds[name] / passes[name] * 1000 for name in seconds if passes[name]}
-
-
-def previous_alpha(recipe, cell, dataset: str, previous: Previous | None) -> float | None:
-    """The draft acceptance rate a previous run measured for the same target and drafter models."""
-    if previous is None:
-        return None
-    ours = _identities(recipe, previous)
-    drafter = cell.drafter or (cell.drafters[0] if cell.drafters else None)
-    want = (ours[cell.target], ours[drafter] if drafter else None)
-    same, other = [], []
-    for record in previous.cells:
-        rate = _number(record.get("draft_acceptance_rate"))
-        pair = (previous.identity(record.get("target")), previous.identity(record.get("drafter") or None))
-        if rate is None or pair != want:
-            continue
-        (same if (record.get("cell"), record.get("dataset")) == (cell.id, dataset) else other).append(rate)
-    rates = same or other
-    return sum(rates) / len(rates) if rates else None
-
-
-def _number(value) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
+            dataset = DatasetRun(
+                label, task, examples, spec.chat_template, spec.execute_code, spec.max_new_tokens
+            )
+            done = sum(keys.row_key(cell, dataset, e) in recorded for e in examples[:limit])
+            finished[label, cell.id] = done
+    return finished
 
 
 def cell_bills(
-    recipe, datasets: list[dict], times, previous: Previous | None, acceptance: float
+    recipe,
+    datasets: list[dict],
+    times,
+    previous: Previous | None,
+    acceptance: float,
+    done: dict[tuple[str, str], int],
 ) -> list[dict]:
-    """Rows to run, passes per model, α and walltime for every (dataset, cell)."""
-    done: dict[tuple[str, str], set] = {}
-    for row in previous.rows if previous else ():
-        done.setdefault((row["dataset"], row["cell"]), set()).add(row.get("example_id"))
+    """Rows to run, passes per model, α and walltime for every (dataset, cell); ``done``: the rows
+    each already has (:func:`finished_rows`)."""
     bills = []
     for dataset in datasets:
         for cell in recipe.cells():
-            finished = len(done.get((dataset["dataset"], cell.id), ()))
+            finished = done.get((dataset["dataset"], cell.id), 0)
             rows = None if dataset["examples"] is None else max(0, dataset["examples"] - finished)
             measured = previous_alpha(recipe, cell, dataset["dataset"], previous)
             alpha = measured if measured is not None else acceptance
@@ -432,7 +388,7 @@ def cell_bills(
                     "cell": cell.id,
                     "method": cell.method,
                     "target": cell.target,
-                    "drafters": [d for d in (cell.drafter, *cell.drafters) if d],
+                    "drafters": list(cell.drafter_names),
                     "rows": rows,
                     "rows_done": finished,
                     "alpha": None if cell.method == BASELINE else alpha,

@@ -56,7 +56,7 @@ class RowKeys:
             self._resolved[cell.id] = ResolvedCell(reference, self._is_checked(cell))
         return self._resolved[cell.id]
 
-    def _key(self, cell: Cell, dataset: DatasetRun, example: Example) -> str:
+    def row_key(self, cell: Cell, dataset: DatasetRun, example: Example) -> str:
         parts = [cell.fingerprint(self.recipe), dataset.label, example.id, example.prompt, *example.turns]
         if dataset.execute_code:  # rows graded by running code differ from ungraded ones
             parts.append("execute_code")
@@ -72,7 +72,7 @@ class RowKeys:
         """The key of the row of the (first) AR cell of ``cell``'s target on this example; None when
         the recipe has no AR cell on that target."""
         reference = self.resolved(cell).reference
-        return None if reference is None else self._key(reference, dataset, example)
+        return None if reference is None else self.row_key(reference, dataset, example)
 
     def _reference(self, dataset, cell, example) -> dict | None:
         """The row of the (first) AR cell of ``cell``'s target on this example, if recorded."""

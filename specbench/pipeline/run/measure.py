@@ -83,11 +83,6 @@ def tokenizer_only(request: sources.ModelRequest) -> bool:
     return wants is not None and wants(dict(request.engine_options))
 
 
-def drafter_names(cell: Cell) -> tuple[str, ...]:
-    """Every drafter of a cell: a cascade's list, the one drafter, or none."""
-    return cell.drafters or ((cell.drafter,) if cell.drafter else ())
-
-
 @dataclass
 class CellModels:
     """A started cell's models: the target and its drafter (a cascade's list of drafters, or None)."""
@@ -179,7 +174,7 @@ class Measurer(RowKeys):
                 "is an encoder-decoder)",
                 "use a decoder-only target, or method speculative (a chain) for this one",
             )
-        for name in drafter_names(cell):
+        for name in cell.drafter_names:
             self._check_vocab(cell, name, target, self.model(name))
         over = self.recipe.speedup_over(cell.target)
         if over != cell.target and self.model(over).tokenizer.get_vocab() != target.tokenizer.get_vocab():
@@ -455,7 +450,7 @@ class Measurer(RowKeys):
     def _row(self, dataset, cell, example, target, request: Request, generation, replay=None) -> dict:
         text = target.tokenizer.decode(generation.tokens, skip_special_tokens=True)
         reference = self._reference(dataset, cell, example) if self._checked(cell) else None
-        drafters = {name: self.model(name) for name in drafter_names(cell)}
+        drafters = {name: self.model(name) for name in cell.drafter_names}
         first = divergence(reference["output_ids"], generation.tokens) if reference else None
         row = build_row(
             dataset,
@@ -464,7 +459,7 @@ class Measurer(RowKeys):
             text,
             request,
             generation,
-            key=self._key(cell, dataset, example),
+            key=self.row_key(cell, dataset, example),
             first_divergence=first,
             costs=cell_costs(self.recipe, cell, target, drafters),
             replay=replay,

@@ -42,7 +42,7 @@ from specbench.methods import BASELINE
 from specbench.pipeline.records.results import ENVIRONMENT, write_atomic
 from specbench.pipeline.run.datasets import DatasetRun
 from specbench.pipeline.run.environment import now, write_environment
-from specbench.pipeline.run.measure import Measurer, drafter_names
+from specbench.pipeline.run.measure import Measurer
 from specbench.pipeline.run.ray_watchdog import guard
 from specbench.recipe import Cell
 from specbench.tasks import Example
@@ -138,7 +138,7 @@ class _Unit:
 
     @property
     def models(self) -> set[str]:
-        return {self.cell.target, *drafter_names(self.cell)}
+        return {self.cell.target, *self.cell.drafter_names}
 
 
 class RayExecutor:
@@ -297,7 +297,7 @@ class _Sweep:
             self.executor.workers[machine["host"], machine["pid"]] = machine
         runner.gpu_samples += reply.get("gpu", [])
         if "row" in reply:
-            row, key = reply["row"], runner._key(unit.cell, unit.dataset, example)
+            row, key = reply["row"], runner.row_key(unit.cell, unit.dataset, example)
             if row["key"] != key:
                 reply["error"] = (
                     f"a worker keyed example {example.id} {row['key']}, the driver {key}: "

@@ -143,7 +143,7 @@ class Runner(Measurer):
         self._preflight(plan, done)
         written_before = self.written
         order = work_order(
-            plan, lambda d, c, e: self._key(c, d, e) not in done, self.schedule, self.recipe.seed
+            plan, lambda d, c, e: self.row_key(c, d, e) not in done, self.schedule, self.recipe.seed
         )
         resolved = self.output_dir / RESOLVED_RECIPE
         if order or not resolved.exists():  # a resume with nothing to run rewrites nothing
@@ -237,7 +237,7 @@ class Runner(Measurer):
         pending, budgets = [], []
         for dataset, cells in plan:
             for cell in cells:
-                keys = [self._key(cell, dataset, example) for example in dataset.examples]
+                keys = [self.row_key(cell, dataset, example) for example in dataset.examples]
                 if any(key not in done for key in keys):
                     pending.append(cell)
                     budgets.append((dataset, cell))
@@ -351,7 +351,8 @@ class Runner(Measurer):
             return []
         covered = set()
         for keys in self._scoped(
-            environment, lambda: [self._key(c, d, e) for d, cells in plan for c in cells for e in d.examples]
+            environment,
+            lambda: [self.row_key(c, d, e) for d, cells in plan for c in cells for e in d.examples],
         ):
             covered.update(keys)
         return [row for row in self.log.rows if row.get("key") not in covered]
@@ -365,7 +366,7 @@ class Runner(Measurer):
         plan = [(dataset, self.recipe.cells()) for dataset in self.datasets()]
         stray = self._stray(plan, environment)
         done = {row.get("key") for row in self.log.rows}
-        expected = [self._key(c, d, e) for d, cells in plan for c in cells for e in d.examples]
+        expected = [self.row_key(c, d, e) for d, cells in plan for c in cells for e in d.examples]
         return stray, sum(1 for key in expected if key not in done)
 
     def _scoped(self, environment: dict, compute) -> list:
@@ -398,7 +399,7 @@ class Runner(Measurer):
 
     def rows(self, dataset: DatasetRun, cell: Cell) -> list[dict]:
         """The recorded rows of ``cell`` on the examples of ``dataset`` that have one, in example order."""
-        keys = (self._key(cell, dataset, example) for example in dataset.examples)
+        keys = (self.row_key(cell, dataset, example) for example in dataset.examples)
         return [self.log.by_key[key] for key in keys if key in self.log.by_key]
 
     def _write_environment(self, ended: bool) -> None:
@@ -442,7 +443,7 @@ def check_not_trained_on(recipe: Recipe, plan: list[tuple[DatasetRun, list[Cell]
     from specbench.training.teacher import split_label
 
     for dataset, cells in plan:
-        names = {name for cell in cells for name in (cell.drafter, *cell.drafters) if name}
+        names = {name for cell in cells for name in cell.drafter_names}
         for name in sorted(names):
             source = recipe.models[name].source
             teacher = (sources.trained_record(source) or {}).get("teacher") or {}
