@@ -51,6 +51,30 @@ def test_a_cell_against_another_is_a_ratio_of_sums_on_the_examples_both_ran():
     assert ("no-baseline", "alone") not in frame.index
 
 
+def graded(cell: str, scores: tuple[int, ...], **other_metrics: float) -> list[dict]:
+    return [
+        dict(row(cell, example, 10, 1.0), quality={"accuracy": score, **other_metrics})
+        for example, score in zip("abcd", scores, strict=True)
+    ]
+
+
+def test_a_quality_metric_against_the_baseline_is_a_paired_difference_of_means():
+    rows = graded("large", (1, 1, 0, 0), bleu=1.0) + graded("small", (0, 1, 0, 0), bleu=1.0)
+    frame = against_cell(rows + graded("same", (1, 1, 0, 0)), "large").set_index("cell")
+    assert frame.loc["small", "accuracy_diff"] == pytest.approx(-0.25)
+    # one discordant question of four: the resamples' differences are -k/4, k = 0..4, so the interval
+    # reaches 0 (a question both cells score alike adds no spread)
+    assert (
+        frame.loc["small", "accuracy_diff_low"] <= -0.25 and frame.loc["small", "accuracy_diff_high"] == 0.0
+    )
+    assert frame.loc["same", ["accuracy_diff", "accuracy_diff_low", "accuracy_diff_high"]].tolist() == [
+        0,
+        0,
+        0,
+    ]
+    assert "bleu_diff" not in frame.columns  # corpus BLEU is not a mean over examples
+
+
 def test_a_step_splits_into_target_drafter_and_what_is_outside_any_pass():
     cells = pd.DataFrame(
         [

@@ -49,7 +49,8 @@ def report(
         None,
         "--baseline",
         help="A cell of the run (e.g. ar-compiled, sd-lookup): every cell's tokens/s over that cell's on "
-        "the same examples, with a 95% paired bootstrap interval, and how many outputs differ from it.",
+        "the same examples, with a 95% paired bootstrap interval, how many outputs differ from it, and "
+        "each mean quality metric's difference from it (Δ accuracy) with its paired interval.",
     ),
     html: Path = typer.Option(
         None,

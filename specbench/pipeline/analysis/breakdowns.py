@@ -3,7 +3,9 @@ cell's step time goes.
 
 * :func:`against_cell` (``specbench report RUN --baseline CELL``): a cell's tokens/s over the chosen
   cell's on the same examples (each summed over the examples both ran), with a 95% paired percentile
-  bootstrap interval over those examples, and how many of their outputs differ from the chosen cell's.
+  bootstrap interval over those examples, how many of their outputs differ from the chosen cell's, and
+  for each quality metric that is a mean over examples (accuracy, pass rate, ROUGE-2; not corpus BLEU)
+  the difference of the two cells' means with its paired interval: the noise rule of a quality claim.
   The report's own speedups compare each cell with the AR cell of its target; another baseline (AR on
   the compiled engine, a chain drafter) puts two cells head to head.
 * :func:`step_parts` (``specbench report RUN --by step``): a speculative step's walltime split into the
@@ -21,13 +23,15 @@ import math
 import pandas as pd
 
 from specbench.methods import BASELINE
-from specbench.pipeline.analysis.statistics import paired_bootstrap_ratio
+from specbench.pipeline.analysis.statistics import paired_bootstrap_difference, paired_bootstrap_ratio
+from specbench.tasks.metrics import CORPUS_METRICS
 
 
 def against_cell(rows: list[dict], baseline: str) -> pd.DataFrame:
     """One row per (dataset, cell) of a dataset that has the cell ``baseline``: speedup, low, high,
-    tokens_per_s, outputs_differ and n (the examples both ran). A cell with a replayed row (no
-    walltime) has no speedup (NaN)."""
+    tokens_per_s, outputs_differ, n (the examples both ran) and, per mean quality metric that every
+    one of those rows graded, ``<metric>_diff`` (the cell's mean less the baseline's) with
+    ``<metric>_diff_low`` and ``_high``. A cell with a replayed row (no walltime) has no speedup (NaN)."""
     by_cell: dict[tuple[str, str], dict[str, dict]] = {}
     datasets: dict[str, int] = {}  # datasets and method entries in the order the rows first name them
     entries: dict[str, int] = {}
@@ -67,9 +71,30 @@ def against_cell(rows: list[dict], baseline: str) -> pd.DataFrame:
                 "tokens_per_s": rate,
                 "outputs_differ": sum(r["output_ids"] != s["output_ids"] for r, s in zip(a, b, strict=True)),
                 "n": len(shared),
+                **_quality_differences(a, b),
             }
         )
     return pd.DataFrame(out)
+
+
+def _quality_differences(rows: list[dict], base: list[dict]) -> dict[str, float]:
+    """``<metric>_diff`` (mean of rows less mean of base, paired by position) and its interval, for
+    each mean metric graded on every row of both."""
+    graded = [(r.get("quality") or {}) for r in rows + base]
+    metrics = sorted(set.intersection(*(set(q) for q in graded))) if graded else []
+    out = {}
+    for metric in metrics:
+        if metric in CORPUS_METRICS or not all(isinstance(q[metric], (int, float)) for q in graded):
+            continue
+        mine = [float(r["quality"][metric]) for r in rows]
+        theirs = [float(r["quality"][metric]) for r in base]
+        low, high = paired_bootstrap_difference(mine, theirs)
+        out |= {
+            f"{metric}_diff": (sum(mine) - sum(theirs)) / len(mine),
+            f"{metric}_diff_low": low,
+            f"{metric}_diff_high": high,
+        }
+    return out
 
 
 def step_parts(cells: pd.DataFrame) -> pd.DataFrame:

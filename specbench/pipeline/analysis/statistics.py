@@ -7,6 +7,8 @@
 * ``paired_bootstrap_ratio``: a percentile bootstrap interval for a ratio of sums over examples
   (tokens/s, SWI, speedup over AR), resampling example indices; two cells' rows on the same
   prompts are resampled together.
+* ``paired_bootstrap_difference``: the same for a difference of means (a quality metric of two cells
+  on the same prompts, e.g. accuracy).
 
 Acceptance from a cell's steps (by position, per step) is :mod:`specbench.decoding.steps`.
 """
@@ -84,6 +86,21 @@ def paired_bootstrap_ratio(
         return math.nan, math.nan
     low, high = percentiles(ratios, (50 * (1 - level), 50 * (1 + level))).values()
     return low, high
+
+
+def paired_bootstrap_difference(
+    a: Sequence[float],
+    b: Sequence[float],
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+    level: float = BOOTSTRAP_LEVEL,
+) -> tuple[float, float]:
+    """(low, high) of the percentile bootstrap interval of mean(a) - mean(b), element i of both
+    belonging to example i: each resample draws the same example indices for a and b (the draws of
+    ``paired_bootstrap_ratio``), so a question both cells get right or wrong adds no spread."""
+    differences = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    ones = np.ones_like(differences)
+    return paired_bootstrap_ratio(differences, ones, resamples=resamples, seed=seed, level=level)
 
 
 def bootstrap_ratio(num: Sequence[float], den: Sequence[float], **options) -> tuple[float, float]:

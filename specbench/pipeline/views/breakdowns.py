@@ -32,6 +32,7 @@ def render_against(
                     ],
                     "tokens/s": [format_num(v, 1) or MISSING for v in group["tokens_per_s"]],
                     "outputs differ": group["outputs_differ"].astype(int),
+                    **_quality_columns(group, baseline),
                     "n": group["n"].astype(int),
                 }
             )
@@ -58,9 +59,28 @@ def render_against(
         "ran (n); [low, high]: 95% paired percentile bootstrap interval over those examples "
         f"(B={BOOTSTRAP_RESAMPLES}, seed {BOOTSTRAP_SEED}). outputs differ: examples whose output is not "
         f"{baseline}'s (in low precision a near-tie can part two lossless cells; the report's lossless "
-        f"column tells ties from mismatches). {MISSING}: no time (a replayed cell)."
+        f"column tells ties from mismatches). Δ metric: the cell's mean less {baseline}'s on those "
+        f"examples, with its paired interval (an order is resolved when it excludes 0). {MISSING}: no "
+        "time (a replayed cell)."
     )
     return emit(flat, tables, fmt, note, console)
+
+
+def _quality_columns(group: pd.DataFrame, baseline: str) -> dict[str, list[str]]:
+    """``Δ accuracy`` etc.: each mean quality metric's difference from the baseline with its interval."""
+    columns = {}
+    for name in (c[: -len("_diff")] for c in group.columns if c.endswith("_diff")):
+        columns[f"Δ {name}"] = [
+            MISSING if pd.isna(r[f"{name}_diff"]) else _signed(r, f"{name}_diff")
+            for r in group.to_dict("records")
+        ]
+    return columns
+
+
+def _signed(record: dict, column: str) -> str:
+    low, high = record[f"{column}_low"], record[f"{column}_high"]
+    interval = "" if pd.isna(low) else f" [{low:+.3f}, {high:+.3f}]"
+    return f"{record[column]:+.3f}{interval}"
 
 
 def render_steps(results: Path, fmt: str = "table", console: Console | None = None) -> str | None:
