@@ -333,6 +333,9 @@ def finished_rows(recipe, previous: Previous | None, limit: int | None) -> dict[
     if previous is None:
         return {}
     recorded = {row.get("key") for row in previous.rows}
+    ids_by_cell: dict[tuple[str, str], set] = {}
+    for row in previous.rows:
+        ids_by_cell.setdefault((row["dataset"], row["cell"]), set()).add(row.get("example_id"))
     keys, finished = PlannedKeys(recipe), {}
     for spec in recipe.datasets:
         task = get_task(spec.task)
@@ -341,12 +344,7 @@ def finished_rows(recipe, previous: Previous | None, limit: int | None) -> dict[
         examples = _local_examples(task, spec, split)
         for cell in recipe.cells():
             if examples is None:
-                ids = {
-                    r.get("example_id")
-                    for r in previous.rows
-                    if (r["dataset"], r["cell"]) == (label, cell.id)
-                }
-                finished[label, cell.id] = len(ids)
+                finished[label, cell.id] = len(ids_by_cell.get((label, cell.id), ()))
                 continue
             dataset = DatasetRun(
                 label, task, examples, spec.chat_template, spec.execute_code, spec.max_new_tokens
