@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from specbench.cli import app
 from specbench.decoding import autoregressive
 from specbench.decoding.generation import Generation
+from specbench.errors import SpecbenchError
 from specbench.methods import METHODS, Method, always
 from specbench.models.base import ForwardCounter, Pass
 from specbench.models.hf import HFModel
@@ -420,3 +421,54 @@ def test_report_of_an_older_cells_csv_shows_identical_over_checked(tmp_path):
     cells = summarise(rows).drop(columns=["lossless_ties", "lossless_mismatches"])
     frame = display_frame(cells.assign(run="old")).set_index("method")
     assert frame.loc["sd", "lossless"] == "1/2"
+
+
+# -- the replay check across a tie ----------------------------------------------------------------
+
+
+class ReplayableTarget(DesignedTarget):
+    """DesignedTarget with the module a ReplayTarget reads the dtype from."""
+
+    def __init__(self, nudge: float):
+        super().__init__(nudge=nudge)
+        self.model = torch.nn.Linear(1, 1, dtype=self.dtype)
+
+
+def replayed_recipe(tmp_path: Path):
+    data = {
+        "name": "replayed-tie",
+        "warmup": 0,
+        "replay_check": 1,
+        "generation": {"max_new_tokens": NEW_TOKENS, "temperature": 0.0},
+        "models": {
+            "target": {"source": "tiny-llama", "dtype": "float64"},
+            "draft": {"source": "tiny-llama", "dtype": "float64"},
+        },
+        "datasets": [{"task": "arithmetic", "limit": 2, "chat_template": False}],
+        "methods": [
+            {"name": "ar", "method": "autoregressive", "target": "target"},
+            {"name": "sd", "method": "speculative", "target": "target", "drafter": "draft", "replay": True,
+             "params": {"k": 2}},
+        ],
+    }  # fmt: skip
+    return parse_recipe(data, tmp_path / "replayed.yaml")
+
+
+def test_a_replay_check_whose_live_run_parts_at_a_tie_keeps_the_replay_and_says_where(tmp_path):
+    """A verification pass rounds the tie at TIE_AT to B, the AR step to A: the live SD run follows
+    another text than the replayed one. Within the float64 tolerance that is a tie, so the replay stands
+    (the count on the AR output) and its first row names the token; a margin beyond it stops the run."""
+    runner = Runner(replayed_recipe(tmp_path), tmp_path / "tie")
+    runner.models["target"] = ReplayableTarget(nudge=RELATIVE[torch.float64] / 10)
+    runner.run()
+    rows = [r for r in read_rows(tmp_path / "tie") if r["cell"].startswith("sd")]
+    ar = {r["example_id"]: r["output_ids"] for r in read_rows(tmp_path / "tie") if r["cell"] == "ar"}
+    assert len(rows) == 2 and all(r["replayed"] for r in rows)
+    assert all(r["output_ids"] == ar[r["example_id"]] for r in rows)  # the replay follows AR's text
+    checked, unchecked = rows
+    assert checked["replay_live_tie"] == TIE_AT and "replay_live_tie" not in unchecked
+
+    runner = Runner(replayed_recipe(tmp_path), tmp_path / "mismatch")
+    runner.models["target"] = ReplayableTarget(nudge=0.5)
+    with pytest.raises(SpecbenchError, match="the replayed run differs from the live one"):
+        runner.run()

@@ -472,3 +472,15 @@ def test_a_paired_tokens_per_second_interval_pairs_prompts_and_skips_replayed_ro
         tokens, [2.0 + 0.1 * i for i in range(4)], tokens, [4.0 - 0.2 * i for i in range(4)]
     )
     assert got == expected and 1.3 < got[0] < got[1] < 2.0
+
+
+def test_the_committed_table2_pairs_are_what_the_script_writes_from_the_committed_runs():
+    """results/cs_drafting/table2_pairs.md, which the ledger quotes, is regenerated from the runs."""
+    import importlib.util
+
+    script = ROOT / "scripts" / "cs_drafting" / "table2_pairs.py"
+    spec = importlib.util.spec_from_file_location("table2_pairs", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    written = (ROOT / "results" / "cs_drafting" / "table2_pairs.md").read_text()
+    assert module.main() + "\n" == written

@@ -17,10 +17,13 @@ from specbench.papers.base import load_runs, paired_interval
 from specbench.papers.cs_drafting.tables import table2
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNS = ("table2_smollm2_paper_ratios", "table2_smollm2_offline")
+RUNS = (
+    "table2_smollm2_paper_ratios",
+    "table2_smollm2_offline",
+)
 
 
-def pairs(run_directory: Path) -> list[str]:
+def pairs(run_directory: Path, label: str) -> list[str]:
     runs = load_runs(run_directory)
     _, tidy = table2(runs)
     rows = [r for r in tidy if r["table"] == "2" and r["algorithm"] != "Autoregressive" and r["cell"]]
@@ -34,7 +37,7 @@ def pairs(run_directory: Path) -> list[str]:
             low, high = paired_interval(runs, *cells, metric.removeprefix("swi_"))
             noise = "within noise" if low <= 1.0 <= high else "resolved"
             lines.append(
-                f"| `{run_directory.name}` | {dataset} | {metric.removeprefix('swi_').upper()} | "
+                f"| `{label}` | {dataset} | {metric.removeprefix('swi_').upper()} | "
                 f"{_row(a)} / {_row(b)} | {a['paper']:.2f} / {b['paper']:.2f} | "
                 f"{a['ours']:.3f} / {b['ours']:.3f} | {low:.3f}-{high:.3f} | {noise} |"
             )
@@ -63,7 +66,7 @@ def main() -> str:
         "| paired 95% CI of ours, first / second | order |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    lines = [line for run in RUNS for line in pairs(ROOT / "results" / "cs_drafting" / run)]
+    lines = [line for run in RUNS for line in pairs(ROOT / "results" / "cs_drafting" / run, run)]
     return "\n".join(head + lines)
 
 

@@ -55,6 +55,7 @@ class ReplayTarget:
         self.reference = torch.as_tensor(list(reference), dtype=torch.long, device=self.device)
         self.stopped_by_eos = stopped_by_eos
         self.live_passes = 0  # real target passes, for drafts past an EOS (module docstring)
+        self.live_tie: int | None = None  # where a replay check's live run parted at a tie (measure.py)
         self._dtype = next(live.model.parameters()).dtype
         self._shadow: HFModel | None = None
         self._prompt: torch.Tensor | None = None

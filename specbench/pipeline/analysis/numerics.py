@@ -114,6 +114,20 @@ def classify(
     }
 
 
+def parted_at_a_tie(scorer, prompt_ids: torch.Tensor, reference: Sequence[int], tokens: Sequence[int]):
+    """The index at which ``tokens`` part from the AR output ``reference`` when the target's logits
+    there are a numerical tie (``classify``); None when they never part, part at a real mismatch, or
+    no ``scorer`` (an engine's target without specbench's twin) can tell. The replay check's rule
+    (:mod:`specbench.pipeline.run.measure`)."""
+    parted = next((i for i, (a, b) in enumerate(zip(reference, tokens, strict=False)) if a != b), None)
+    if parted is None and len(reference) != len(tokens):
+        parted = min(len(reference), len(tokens))
+    if parted is None or scorer is None:
+        return None
+    tie = classify(scorer, prompt_ids, reference, tokens, parted)["divergence_class"] == "tie"
+    return parted if tie else None
+
+
 def divergence_fields(
     target,
     prompt_ids: torch.Tensor,

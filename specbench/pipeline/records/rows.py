@@ -64,6 +64,8 @@ def build_row(
     if replay is not None:  # only replayed rows carry these keys (runner's module docstring)
         row["replayed"] = True
         row["replay_live_passes"] = replay.live_passes
+        if replay.live_tie is not None:
+            row["replay_live_tie"] = replay.live_tie
         row["walltime_replayed"], row["walltime"] = row["walltime"], math.nan
         row["ttft_replayed"], row["ttft"] = row["ttft"], math.nan
         row["forwards"] = {name: dict(counts) for name, counts in row["forwards"].items()}

@@ -15,7 +15,11 @@ is done. Warm-up examples run once per cell and are never recorded.
 Replayed cells (``replay: true``, greedy lossless methods) review with a
 :class:`~specbench.models.replay.ReplayTarget` built from the AR cell's row for the same example
 (AR cells run first), so they cost drafter passes only. Their first ``replay_check`` examples also
-run live, and any difference in outputs, steps or forward counts stops the run. Their rows carry
+run live, and any difference in outputs, steps or forward counts stops the run, unless the live run
+parted from the AR output at a numerical tie (in bf16 a verification pass over several tokens may
+round a near-tie the other way than the one-token AR step did): the live run then followed another
+text and the counts cannot be compared, so the row records where (``replay_live_tie``) and the
+replay stands as the count on the target's AR output. Their rows carry
 ``replayed: true``; the walltime and TTFT measured without the target are kept as
 ``walltime_replayed`` and ``ttft_replayed``, and ``walltime``, ``ttft`` and the target's seconds are
 NaN, so no tokens/s or speedup is derived from them.
@@ -44,7 +48,7 @@ from specbench.models.hf import HFModel
 from specbench.models.machine import cpu_times, group_cpu_seconds, others_share, this_machine
 from specbench.models.replay import ReplayError, ReplayTarget
 from specbench.models.sampling import SamplingParams
-from specbench.pipeline.analysis.numerics import divergence_fields
+from specbench.pipeline.analysis.numerics import divergence_fields, parted_at_a_tie
 from specbench.pipeline.records.rows import build_row, divergence
 from specbench.pipeline.run.datasets import DatasetRun
 from specbench.pipeline.run.environment import gpu_sample, now, peak_memory_mb, reset_peak_memory
@@ -377,12 +381,16 @@ class Measurer(RowKeys):
             live = method(cell.params, target, drafter, self.request(target, dataset, example))
             difference = first_difference(generation, live)
             if difference:
-                raise SpecbenchError(
-                    where,
-                    f"{about}: the replayed run differs from the live one, {difference}",
-                    "replay is exact only for greedy lossless methods: run this method live "
-                    "(remove replay:) and report the difference",
+                replay.live_tie = parted_at_a_tie(
+                    audit_model(target), request.prompt_ids, reference["output_ids"], live.tokens
                 )
+                if replay.live_tie is None:
+                    raise SpecbenchError(
+                        where,
+                        f"{about}: the replayed run differs from the live one, {difference}",
+                        "replay is exact only for greedy lossless methods: run this method live "
+                        "(remove replay:) and report the difference",
+                    )
         return request, generation, replay
 
     def _method(self, cell: Cell, target):
