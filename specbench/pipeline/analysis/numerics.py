@@ -114,18 +114,13 @@ def classify(
     }
 
 
-def parted_at_a_tie(scorer, prompt_ids: torch.Tensor, reference: Sequence[int], tokens: Sequence[int]):
-    """The index at which ``tokens`` part from the AR output ``reference`` when the target's logits
-    there are a numerical tie (``classify``); None when they never part, part at a real mismatch, or
-    no ``scorer`` (an engine's target without specbench's twin) can tell. The replay check's rule
-    (:mod:`specbench.pipeline.run.measure`)."""
-    parted = next((i for i, (a, b) in enumerate(zip(reference, tokens, strict=False)) if a != b), None)
-    if parted is None and len(reference) != len(tokens):
-        parted = min(len(reference), len(tokens))
-    if parted is None or scorer is None:
-        return None
-    tie = classify(scorer, prompt_ids, reference, tokens, parted)["divergence_class"] == "tie"
-    return parted if tie else None
+def is_tie(scorer, prompt_ids: torch.Tensor, reference: Sequence[int], tokens: Sequence[int], i: int) -> bool:
+    """Whether ``tokens`` part from the AR output ``reference`` at ``i`` on a numerical tie
+    (``classify``); False where no ``scorer`` can tell (an engine's target without specbench's twin).
+    The replay check's rule (:mod:`specbench.pipeline.run.measure`)."""
+    return (
+        scorer is not None and classify(scorer, prompt_ids, reference, tokens, i)["divergence_class"] == "tie"
+    )
 
 
 def divergence_fields(

@@ -48,7 +48,7 @@ from specbench.models.hf import HFModel
 from specbench.models.machine import cpu_times, group_cpu_seconds, others_share, this_machine
 from specbench.models.replay import ReplayError, ReplayTarget
 from specbench.models.sampling import SamplingParams
-from specbench.pipeline.analysis.numerics import divergence_fields, parted_at_a_tie
+from specbench.pipeline.analysis.numerics import divergence_fields, is_tie
 from specbench.pipeline.records.rows import build_row, divergence
 from specbench.pipeline.run.datasets import DatasetRun
 from specbench.pipeline.run.environment import gpu_sample, now, peak_memory_mb, reset_peak_memory
@@ -381,10 +381,10 @@ class Measurer(RowKeys):
             live = method(cell.params, target, drafter, self.request(target, dataset, example))
             difference = first_difference(generation, live)
             if difference:
-                replay.live_tie = parted_at_a_tie(
-                    audit_model(target), request.prompt_ids, reference["output_ids"], live.tokens
-                )
-                if replay.live_tie is None:
+                ids, parted = reference["output_ids"], divergence(reference["output_ids"], live.tokens)
+                if parted != -1 and is_tie(audit_model(target), request.prompt_ids, ids, live.tokens, parted):
+                    replay.live_tie = parted
+                else:
                     raise SpecbenchError(
                         where,
                         f"{about}: the replayed run differs from the live one, {difference}",
