@@ -54,6 +54,10 @@ HAND_DERIVED: dict[tuple[str, str], tuple[str, str]] = {
         "the 0.5B's one-token pass over the 1.5B's (the Qwen Table 3 run's probe.txt)",
         "106.17 / 275.55",
     ),
+    ("results/cs_drafting/qwen_table2_offline/README.md", "0.0073"): (
+        "SMALL's one-token pass over the 1.5B's, the recipe's PW cost (probe.txt)",
+        "1.70 / 233.33",
+    ),
     ("results/cs_drafting/qwen_table3_offline/README.md", "0.385"): (
         "the 0.5B's one-token pass over the 1.5B's (probe.txt)",
         "106.17 / 275.55",

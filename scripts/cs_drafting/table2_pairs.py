@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RUNS = (
     "table2_smollm2_paper_ratios",
     "table2_smollm2_offline",
+    "qwen_table2_offline/amd-epyc-family25-avx512-bf16",
 )
 
 
