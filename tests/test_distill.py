@@ -213,6 +213,58 @@ def test_teacher_data_is_cached_and_training_is_deterministic(tiny_distill, monk
     assert (other / "model.safetensors").read_bytes() != weights
 
 
+def test_a_killed_teacher_build_resumes_at_its_first_unfinished_batch(tmp_path, monkeypatch, one_thread):
+    """Generation batches of 4 (6 prompts: 2 batches), teacher-forced batches of 2 (6 answers: 3): a
+    build killed in its second forced batch keeps three finished batches, and the resumed build runs
+    only the two left and gives the bytes an uninterrupted build gives."""
+    target = sources.load(sources.ModelRequest("t", "tiny-llama", "float64", "cpu"))
+    config = teaching.TeacherConfig(
+        "tiny-llama", generate=6, max_new_tokens=6, teacher_forced=6, top_k=4, batch_size=4,
+        data_dir=str(_data_dir(tmp_path / "data")),
+    )  # fmt: skip
+    calls, kill_at = {"generated": 0, "forced": 0}, {"forced": 0}
+    left, right = teaching.left_padded, teaching.right_padded
+
+    def counted_left(*args):
+        calls["generated"] += 1
+        return left(*args)
+
+    def counted_right(*args):
+        calls["forced"] += 1
+        if calls["forced"] == kill_at["forced"]:
+            raise KeyboardInterrupt
+        return right(*args)
+
+    monkeypatch.setattr(teaching, "left_padded", counted_left)
+    monkeypatch.setattr(teaching, "right_padded", counted_right)
+
+    def build(cache: Path):
+        monkeypatch.setenv("SPECBENCH_CACHE", str(cache))
+        with Progress(disable=True) as progress:
+            return teaching.teacher_data(target, config, progress)
+
+    whole = build(tmp_path / "whole")
+    kill_at["forced"] = 2
+    calls.update(generated=0, forced=0)
+    with pytest.raises(KeyboardInterrupt):
+        build(tmp_path / "killed")
+    folder = tmp_path / "killed" / "distill" / "tiny-llama"
+    assert not list(folder.glob("teacher-*.pt"))  # no whole cache yet, only its finished batches
+    assert sorted(p.name for p in folder.glob("*.parts/*")) == [
+        "forced-000000.pt", "generated-000000.pt", "generated-000004.pt"
+    ]  # fmt: skip
+    kill_at["forced"] = 0
+    calls.update(generated=0, forced=0)
+    resumed = build(tmp_path / "killed")
+    assert calls == {"generated": 0, "forced": 2}
+    assert not list(folder.glob("*.parts"))  # the parts go once the whole is saved
+    assert len(resumed) == len(whole) == 12
+    for a, b in zip(whole, resumed, strict=True):
+        assert a.start == b.start and all(
+            torch.equal(getattr(a, f), getattr(b, f)) for f in ("ids", "top_ids", "top_logp")
+        )
+
+
 def test_unknown_size_and_missing_data_are_one_line_errors(tmp_path, monkeypatch):
     with pytest.raises(SpecbenchError, match="exit<N>"):
         distill.student_config("huge")
@@ -282,9 +334,9 @@ def test_extra_prompts_are_answered_apart_and_never_what_a_recipe_evaluates(
     answered = []
     real = teaching._generated
 
-    def recording(target, prompts, config, progress):
+    def recording(target, prompts, config, progress, parts=None):
         answered.append([target.tokenizer.decode(p) for p in prompts])
-        return real(target, prompts, config, progress)
+        return real(target, prompts, config, progress, parts)
 
     monkeypatch.setattr(teaching, "_generated", recording)
     assert CliRunner().invoke(app, common).exit_code == 0

@@ -435,3 +435,11 @@ def test_a_list_of_theorems_or_sections_is_not_a_quoted_result():
     number after the list is (it was once matched by chance in the cited file)."""
     text = "Theorems 4.1, 4.3 and 4.5 give 1.27x; Lemmas 2 and 5 hold; Secs. 3.1-3.2 apply at 0.93x."
     assert [q.text for q in quoted_numbers(text)] == ["1.27", "0.93"]
+
+
+def test_a_time_to_first_token_is_matched_only_against_the_cells_ttft():
+    """A "time to first token 5.59 s" is a cell's ttft_mean_s, never a pass time or a speedup that shares
+    its digits."""
+    text = "each row prefills (time to first token 5.59 s for the large model alone) and runs 0.93x"
+    units = {q.text: q.unit for q in quoted_numbers(text)}
+    assert units == {"5.59": "s", "0.93": "x"}

@@ -88,7 +88,9 @@ def distill(
     """Train drafters that share the target's tokenizer by distillation (forward KL on its top-k).
 
     The target's answers and top-k log-probabilities are cached under the specbench cache
-    (SPECBENCH_CACHE, default ~/.cache/specbench), so re-training skips the teacher. Drafters are
+    (SPECBENCH_CACHE, default ~/.cache/specbench), so re-training skips the teacher; each finished
+    teacher batch is kept as it completes, so a killed run, started again with the same options, resumes
+    at its first unfinished batch (the hours a large target takes on a CPU are not lost). Drafters are
     saved to <cache>/drafters/<target>/<size> and load anywhere as source: distilled:<target>/<size>.
     """
     import json

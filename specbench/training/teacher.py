@@ -1,6 +1,7 @@
 """The distillation teacher data: prompts from training splits (GSM8K train, MMLU dev, Alpaca seed
 tasks), the target's greedy answers with its top-k next-token log-probabilities, and reference answers
-scored by the target; built once and cached under the specbench cache. An evaluation split enters only
+scored by the target; built once and cached under the specbench cache, each finished batch saved as it
+completes so that a killed build resumes where it stopped. An evaluation split enters only
 on request (``TeacherConfig.extra``: every row but those the named recipes evaluate), cached beside
 the base data. Every trained drafter and head (:mod:`specbench.training.distill`,
 :mod:`specbench.training.medusa`) learns from it."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -170,17 +172,56 @@ def left_padded(prompts: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, to
     return ids, mask
 
 
+class _Batches:
+    """A build's finished batches, one file each under ``folder`` (``None``: kept in memory only),
+    named by the build and the batch's first position and holding the indices it answered, so a killed
+    build resumes at the first batch it did not finish and a file of other indices is never taken."""
+
+    def __init__(self, folder: Path | None, kind: str):
+        self.folder, self.kind = folder, kind
+
+    def load(self, first: int, batch: list[int]) -> list[Sequence] | None:
+        path = self._path(first)
+        if path is None or not path.is_file():
+            return None
+        saved = torch.load(path, weights_only=True)
+        if saved["indices"] != batch:
+            return None
+        return [Sequence(**row) for row in saved["sequences"]]
+
+    def save(self, first: int, batch: list[int], sequences: list[Sequence]) -> None:
+        path = self._path(first)
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_suffix(".tmp")
+        torch.save({"indices": batch, "sequences": [asdict(s) for s in sequences]}, staging)
+        staging.rename(path)
+
+    def _path(self, first: int) -> Path | None:
+        return None if self.folder is None else self.folder / f"{self.kind}-{first:06d}.pt"
+
+
 @torch.inference_mode()
-def _generated(target, prompts: list[torch.Tensor], config: TeacherConfig, progress) -> list[Sequence]:
+def _generated(
+    target, prompts: list[torch.Tensor], config: TeacherConfig, progress, parts: Path | None = None
+) -> list[Sequence]:
     """Greedy continuations, batched with left padding; top-k of the logits generate() returns."""
     model, tokenizer = target.model, target.tokenizer
     eos = set(target.eos_token_ids())
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
     order = sorted(range(len(prompts)), key=lambda i: prompts[i].shape[0])
     out: list[Sequence | None] = [None] * len(prompts)
+    batches = _Batches(parts, "generated")
     task = progress.add_task("target generations", total=len(prompts), stats="")
     for first in range(0, len(order), config.batch_size):
         batch = order[first : first + config.batch_size]
+        done = batches.load(first, batch)
+        if done is not None:
+            for i, seq in zip(batch, done, strict=True):
+                out[i] = seq
+            progress.advance(task, len(batch))
+            continue
         ids, mask = left_padded([prompts[i] for i in batch], pad)
         width = ids.shape[1]
         result = model.generate(
@@ -205,20 +246,34 @@ def _generated(target, prompts: list[torch.Tensor], config: TeacherConfig, progr
                     break
             seq = torch.cat([prompts[i], new[row, :n]])
             out[i] = Sequence(seq, prompts[i].shape[0], top_ids[row, :n], top_logp[row, :n])
+        batches.save(first, batch, [out[i] for i in batch])
         progress.advance(task, len(batch))
     return [s for s in out if s is not None]
 
 
 @torch.inference_mode()
-def _teacher_forced(target, pairs: list[tuple[torch.Tensor, torch.Tensor]], config: TeacherConfig, progress):
+def _teacher_forced(
+    target,
+    pairs: list[tuple[torch.Tensor, torch.Tensor]],
+    config: TeacherConfig,
+    progress,
+    parts: Path | None = None,
+):
     """The target's top-k on reference answers (prompt + answer), batched with right padding."""
     model = target.model
     order = sorted(range(len(pairs)), key=lambda i: sum(t.shape[0] for t in pairs[i]))
     out: list[Sequence | None] = [None] * len(pairs)
+    batches = _Batches(parts, "forced")
     task = progress.add_task("teacher-forced answers", total=len(pairs), stats="")
     batch_size = max(1, config.batch_size // 2)
     for first in range(0, len(order), batch_size):
         batch = order[first : first + batch_size]
+        done = batches.load(first, batch)
+        if done is not None:
+            for i, seq in zip(batch, done, strict=True):
+                out[i] = seq
+            progress.advance(task, len(batch))
+            continue
         seqs = [torch.cat(pairs[i]) for i in batch]
         ids, mask = right_padded(seqs, target.device)
         # the head only where an answer token is predicted: most positions are prompt
@@ -228,6 +283,7 @@ def _teacher_forced(target, pairs: list[tuple[torch.Tensor, torch.Tensor]], conf
             logits = model.get_output_embeddings()(hidden.last_hidden_state[row, start - 1 : length - 1])
             top_ids, top_logp = _top(logits, config.top_k)
             out[i] = Sequence(seqs[row], start, top_ids.cpu(), top_logp.cpu())
+        batches.save(first, batch, [out[i] for i in batch])
         progress.advance(task, len(batch))
     return [s for s in out if s is not None]
 
@@ -252,10 +308,12 @@ def teacher_data(target, config: TeacherConfig, progress) -> list[Sequence]:
     base data, then the extra prompts' answers (cached apart, so adding extras keeps the base)."""
     folder = cache.cache_dir() / "distill" / _slug(config.target)
     base = config.base()
-    sequences = _cached(folder / f"teacher-{base.key()}.pt", lambda: _base_data(target, base, progress))
+    sequences = _cached(
+        folder / f"teacher-{base.key()}.pt", lambda parts: _base_data(target, base, progress, parts)
+    )
     if config.extra:
         extra = folder / f"teacher-{base.key()}-extra-{config.key()}.pt"
-        sequences += _cached(extra, lambda: _extra_data(target, config, progress))
+        sequences += _cached(extra, lambda parts: _extra_data(target, config, progress, parts))
     return sequences
 
 
@@ -268,23 +326,27 @@ def extra_examples(config: TeacherConfig) -> list:
     return examples
 
 
-def _extra_data(target, config: TeacherConfig, progress) -> list[Sequence]:
+def _extra_data(target, config: TeacherConfig, progress, parts: Path) -> list[Sequence]:
     prompts = [_prompt_ids(target, e) for e in extra_examples(config)]
-    return _generated(target, prompts, config, progress)
+    return _generated(target, prompts, config, progress, parts)
 
 
 def _cached(path: Path, build) -> list[Sequence]:
+    """The data at ``path``, else ``build(parts)``'s, which keeps each finished batch under ``parts``
+    until the whole is saved; the cache key names the settings, so the parts fit only this build."""
     if path.is_file():
         return [Sequence(**row) for row in torch.load(path, weights_only=True)]
-    sequences = build()
+    parts = path.with_suffix(".parts")
+    sequences = build(parts)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_suffix(".tmp")
     torch.save([asdict(s) for s in sequences], staging)
     staging.rename(path)  # a killed run never leaves a half-written cache
+    shutil.rmtree(parts, ignore_errors=True)
     return sequences
 
 
-def _base_data(target, config: TeacherConfig, progress) -> list[Sequence]:
+def _base_data(target, config: TeacherConfig, progress, parts: Path) -> list[Sequence]:
     generated = []
     for task, split in GENERATE_FROM:  # the small sources first and whole, GSM8K fills the rest
         generated += _examples(task, split, config.data_dir)[: config.generate - len(generated)]
@@ -295,8 +357,10 @@ def _base_data(target, config: TeacherConfig, progress) -> list[Sequence]:
         examples = _examples(task, split, config.data_dir)
         pool = [(e, raw[i]["answer"]) for i, e in enumerate(examples) if e.id not in used]
         forced += pool[-config.teacher_forced :]  # from the end, away from the generated prompts
-    sequences = _generated(target, [_prompt_ids(target, e) for e in generated], config, progress)
-    sequences += _teacher_forced(target, [_answer_ids(target, e, a) for e, a in forced], config, progress)
+    prompts = [_prompt_ids(target, e) for e in generated]
+    sequences = _generated(target, prompts, config, progress, parts)
+    answers = [_answer_ids(target, e, a) for e, a in forced]
+    sequences += _teacher_forced(target, answers, config, progress, parts)
     return sequences
 
 
