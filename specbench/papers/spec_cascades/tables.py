@@ -139,9 +139,11 @@ def lemma5(runs: list[Run]) -> View:
                 explained.append(
                     f"{run.name} {cell['dataset']}: the theory gives plain speculative decoding SWI "
                     f"{num(theory)} (ours {num(cell.get('swi_ms'))}) at the model-size costs, a gain, yet "
-                    f"it runs {num(wall, unit='×')} the large model's walltime: its verification pass costs "
-                    f"{num(verify, 1)} ms against {num(one, 1)} ms for the large model's one-token pass "
-                    f"({num(verify / one, unit='×')}), which the cost table prices alike. At the passes' "
+                    f"it runs {num(wall, unit='×')} the large model's walltime: its target passes average "
+                    f"{num(verify, 1)} ms against {num(one, 1)} ms for the large model's alone "
+                    f"({num(verify / one, unit='×')}; each model's time over its passes, the prompts' "
+                    "prefill included, which weighs more in a cell of fewer passes), where the cost table "
+                    "prices them alike. At the passes' "
                     f"measured times the same acceptance gives {num(predicted, unit='×')} (wall× theory): "
                     + (
                         "priced at this machine's passes, the theory predicts no gain either."
