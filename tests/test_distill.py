@@ -510,3 +510,19 @@ def test_micro_and_mini_sit_at_cs_draftings_parameter_ratios():
         assert student.config.num_hidden_layers == 2 and student.config.tie_word_embeddings
         ratio = sum(p.numel() for p in student.parameters()) / smollm2["params"]
         assert ratio == pytest.approx(paper, rel=0.08), size
+
+
+def test_a_saved_teacher_batch_is_taken_only_for_the_indices_it_answered(tmp_path):
+    batches = teaching._Batches(tmp_path / "parts", "generated")
+    seq = teaching.Sequence(
+        torch.tensor([1, 2, 3]),
+        2,
+        torch.zeros(1, 4, dtype=torch.int32),
+        torch.zeros(1, 4, dtype=torch.float16),
+    )
+    batches.save(0, [3, 5], [seq, seq])
+    assert batches.load(4, [3, 5]) is None  # another batch position
+    assert batches.load(0, [5, 3]) is None  # the same position, other prompts (another order)
+    loaded = batches.load(0, [3, 5])
+    assert loaded is not None and len(loaded) == 2 and torch.equal(loaded[0].ids, seq.ids)
+    assert teaching._Batches(None, "generated").load(0, [3, 5]) is None  # no folder: nothing kept
