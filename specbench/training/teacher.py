@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -180,6 +181,21 @@ class _Batches:
     def __init__(self, folder: Path | None, kind: str):
         self.folder, self.kind = folder, kind
 
+    def todo(self, order: list[int], size: int, out: list, advance) -> Iterator[tuple[int, list[int]]]:
+        """The batches of ``order`` (``size`` indices each) still to compute, as (first position, indices):
+        a saved batch goes straight into ``out``; a yielded one is saved once the caller has filled its
+        indices of ``out``, when the loop asks for the next. ``advance(n)`` is told every finished batch."""
+        for first in range(0, len(order), size):
+            batch = order[first : first + size]
+            done = self.load(first, batch)
+            if done is None:
+                yield first, batch
+                self.save(first, batch, [out[i] for i in batch])
+            else:
+                for i, seq in zip(batch, done, strict=True):
+                    out[i] = seq
+            advance(len(batch))
+
     def load(self, first: int, batch: list[int]) -> list[Sequence] | None:
         path = self._path(first)
         if path is None or not path.is_file():
@@ -214,14 +230,7 @@ def _generated(
     out: list[Sequence | None] = [None] * len(prompts)
     batches = _Batches(parts, "generated")
     task = progress.add_task("target generations", total=len(prompts), stats="")
-    for first in range(0, len(order), config.batch_size):
-        batch = order[first : first + config.batch_size]
-        done = batches.load(first, batch)
-        if done is not None:
-            for i, seq in zip(batch, done, strict=True):
-                out[i] = seq
-            progress.advance(task, len(batch))
-            continue
+    for _, batch in batches.todo(order, config.batch_size, out, lambda n: progress.advance(task, n)):
         ids, mask = left_padded([prompts[i] for i in batch], pad)
         width = ids.shape[1]
         result = model.generate(
@@ -246,8 +255,6 @@ def _generated(
                     break
             seq = torch.cat([prompts[i], new[row, :n]])
             out[i] = Sequence(seq, prompts[i].shape[0], top_ids[row, :n], top_logp[row, :n])
-        batches.save(first, batch, [out[i] for i in batch])
-        progress.advance(task, len(batch))
     return [s for s in out if s is not None]
 
 
@@ -266,14 +273,7 @@ def _teacher_forced(
     batches = _Batches(parts, "forced")
     task = progress.add_task("teacher-forced answers", total=len(pairs), stats="")
     batch_size = max(1, config.batch_size // 2)
-    for first in range(0, len(order), batch_size):
-        batch = order[first : first + batch_size]
-        done = batches.load(first, batch)
-        if done is not None:
-            for i, seq in zip(batch, done, strict=True):
-                out[i] = seq
-            progress.advance(task, len(batch))
-            continue
+    for _, batch in batches.todo(order, batch_size, out, lambda n: progress.advance(task, n)):
         seqs = [torch.cat(pairs[i]) for i in batch]
         ids, mask = right_padded(seqs, target.device)
         # the head only where an answer token is predicted: most positions are prompt
@@ -283,8 +283,6 @@ def _teacher_forced(
             logits = model.get_output_embeddings()(hidden.last_hidden_state[row, start - 1 : length - 1])
             top_ids, top_logp = _top(logits, config.top_k)
             out[i] = Sequence(seqs[row], start, top_ids.cpu(), top_logp.cpu())
-        batches.save(first, batch, [out[i] for i in batch])
-        progress.advance(task, len(batch))
     return [s for s in out if s is not None]
 
 
