@@ -198,6 +198,33 @@ def test_distilled_drafters_train_save_and_load_as_sources(tiny_distill):
         )
 
 
+def test_a_named_drafter_is_saved_beside_the_size_it_trains_not_over_it(tmp_path, monkeypatch, one_thread):
+    """--name keeps a second drafter of one size (the committed runs' `small` stays as it was), records
+    the name, loads as distilled:<target>/<name>; a name for two sizes or not a folder name is refused."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    data = _data_dir(tmp_path / "data")
+    common = ["distill", "--target", "tiny-llama", "--data-dir", str(data), "--size", "small"]
+    common += ["--generate", "4", "--teacher-forced", "4", "--max-new-tokens", "6", "--top-k", "4"]
+    assert CliRunner().invoke(app, [*common, "--epochs", "1"]).exit_code == 0
+    drafters = tmp_path / "cache" / "drafters" / "tiny-llama"
+    first = (drafters / "small" / "model.safetensors").read_bytes()
+    result = CliRunner().invoke(app, [*common, "--epochs", "3", "--name", "small-e3"])
+    assert result.exit_code == 0, result.output
+    assert (drafters / "small" / "model.safetensors").read_bytes() == first
+    record = json.loads((drafters / "small-e3" / "distill.json").read_text())
+    assert record["student"]["label"] == "small-e3" and record["student"]["epochs"] == 3
+    assert "label" not in json.loads((drafters / "small" / "distill.json").read_text())["student"]
+    named = sources.load(sources.ModelRequest("d", "distilled:tiny-llama/small-e3", "float64", "cpu"))
+    assert named.model.config.hidden_size == 160
+    for extra, says in (
+        (["--size", "base", "--name", "two"], "one name for 2 sizes"),
+        (["--name", "../up"], "is not a folder name"),
+    ):
+        result = CliRunner().invoke(app, [*common, *extra])
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert says in result.output and "--name" in result.output
+
+
 def test_teacher_data_is_cached_and_training_is_deterministic(tiny_distill, monkeypatch):
     first = tiny_distill("small", epochs=2)[0]
     weights = (first / "model.safetensors").read_bytes()

@@ -84,6 +84,13 @@ def distill(
         "most this many tokens (default 512). Long-prompt tasks such as Spec-Bench's summarization and "
         "RAG questions need about 1024; each target pass then costs more. Saved as <size>-seqN.",
     ),
+    name: str = typer.Option(
+        None,
+        "--name",
+        help="Save the drafter under this folder name instead of the one its options give (e.g. keep "
+        "a longer-trained small beside the first: --name small-e15); recipes then name it "
+        "distilled:<target>/<name>. Letters, digits, '.', '_', '+' and '-'; one --size only.",
+    ),
 ):
     """Train drafters that share the target's tokenizer by distillation (forward KL on its top-k).
 
@@ -121,6 +128,9 @@ def distill(
     )
     overrides = {"epochs": epochs, "lr": lr, "seed": seed, "draft_vocab": draft_vocab}
     overrides |= {"unroll": unroll, "max_sequence": max_sequence}
+    if name is not None:
+        _check_name(name, size)
+        overrides["label"] = name
     students = [distillation.student_config(s, **overrides) for s in size]
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn())
     columns += (TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
@@ -132,6 +142,17 @@ def distill(
         err.print(
             f"{path}: {record['parameters'] / 1e6:.1f}M parameters, held-out top-1 agreement "
             f"{after['top1_agreement']:.1%} (before {record['held_out_before']['top1_agreement']:.1%})"
+        )
+
+
+def _check_name(name: str, sizes: list[str]) -> None:
+    import re
+
+    if len(sizes) != 1:
+        raise SpecbenchError("--name", f"one name for {len(sizes)} sizes", "train one --size with --name")
+    if not re.fullmatch(r"[A-Za-z0-9._+-]+", name) or name.strip(".") == "":
+        raise SpecbenchError(
+            "--name", f"{name!r} is not a folder name", "use letters, digits, '.', '_', '+' and '-'"
         )
 
 

@@ -62,18 +62,23 @@ class StudentConfig:
     # heads only: the longest training sequence, prompt and answer, in tokens (None: the trainer's
     # training.medusa.MAX_SEQUENCE, 512)
     max_sequence: int | None = None
+    label: str | None = None  # the folder name the user chose (--name), in place of the derived one
 
     @property
     def name(self) -> str:
-        """The drafter's folder under <cache>/drafters/<target>/ (and its name in recipes)."""
+        """The drafter's name derived from its options (what ``folder`` extends)."""
         name = self.size if self.unroll is None else f"{self.size}-unroll{self.unroll}"
         return name if self.max_sequence is None else f"{name}-seq{self.max_sequence}"
 
+    def folder(self, teacher: TeacherConfig) -> str:
+        """The drafter's folder under <cache>/drafters/<target>/ (and its name in recipes)."""
+        return self.label or self.name + teacher.suffix()
+
     def manifest(self) -> dict:
-        """The configuration as recorded in distill.json; unset ``unroll`` and ``max_sequence`` are
-        left out, so the identity of heads trained before the options existed stays what their rows
-        carry."""
-        optional = ("unroll", "max_sequence")
+        """The configuration as recorded in distill.json; unset ``unroll``, ``max_sequence`` and
+        ``label`` are left out, so the identity of heads trained before the options existed stays what
+        their rows carry."""
+        optional = ("unroll", "max_sequence", "label")
         return {k: v for k, v in asdict(self).items() if not (k in optional and v is None)}
 
 
@@ -327,7 +332,7 @@ def _train_model(target, teacher: TeacherConfig, train, held_out, config: Studen
         "student": config.manifest(),
         **record,
     }
-    return save_student(student, target, config.name + teacher.suffix(), manifest, vocab)
+    return save_student(student, target, config.folder(teacher), manifest, vocab)
 
 
 def _train_heads(target, teacher: TeacherConfig, train, held_out, config: StudentConfig, progress) -> Path:
@@ -353,7 +358,7 @@ def _train_heads(target, teacher: TeacherConfig, train, held_out, config: Studen
         "student": config.manifest(),
         **record,
     }
-    folder = cache.distilled_dir(f"{_slug(teacher.target)}/{config.name}{teacher.suffix()}")
+    folder = cache.distilled_dir(f"{_slug(teacher.target)}/{config.folder(teacher)}")
     if config.size == "medusa":
         medusa.save(folder, module, manifest)
         medusa.save_vllm(folder / "vllm", module, target.model.get_output_embeddings().weight, vocab)

@@ -329,7 +329,7 @@ def _train(target, teacher, train, held_out, config: StudentConfig, progress) ->
         "student": config.manifest(),
         **record,
     }
-    folder = cache.distilled_dir(f"{_slug(teacher.target)}/{config.name}{teacher.suffix()}")
+    folder = cache.distilled_dir(f"{_slug(teacher.target)}/{config.folder(teacher)}")
     return save(folder, head, fields, teacher.target, manifest)
 
 
