@@ -255,7 +255,11 @@ def test_the_cascades_view_prices_the_theory_at_the_measured_passes_and_explains
     assert (row["wall× ours"], row["wall× theory"]) == ("0.85 [0.80, 0.90]", "0.89")
     (explained,) = [note for note in view.notes if note.startswith("r gsm")]
     assert "SWI 1.30 (ours 1.31)" in explained and "80.0 ms against 40.0 ms" in explained
-    assert "predicts no gain either" in explained
+    assert "predicts no gain either" in explained and "prefill included" in explained
+    # rows that time the prefill apart: the note compares decoding passes and says so
+    decoded = cells.assign(decode_pass_ms=['{"large": 38.0}', '{"large": 41.0, "small": 2.0}'])
+    (explained,) = [n for n in lemma5([Run("r", Path("."), decoded)]).notes if n.startswith("r gsm")]
+    assert "41.0 ms against 38.0 ms" in explained and "prefill apart" in explained
     cells.loc[1, "pass_ms"] = '{"large": 50.0, "small": 2.0}'  # the passes would give a gain: overhead
     (explained,) = [note for note in lemma5([Run("r", Path("."), cells)]).notes if note.startswith("r gsm")]
     assert "loop's overhead" in explained

@@ -122,7 +122,8 @@ def test_counter_reset_and_snapshot(tiny_model):
     model.score(torch.tensor([5, 6]), 1)
     snap = model.counter.snapshot()
     assert (snap["forward_passes"], snap["tokens_scored"], snap["encoder_passes"]) == (2, 1 + 2, 1)
-    assert snap["seconds"] >= 0.0
+    assert snap["seconds"] >= snap["prefill_seconds"] > 0.0  # the encoder pass is the prompt's prefill
+    assert snap["prefill_passes"] == 0  # the decoder's first pass fed one token: a decoding pass
     model.counter.reset()
     assert model.counter.snapshot() == {
         "forward_passes": 0,
@@ -130,6 +131,26 @@ def test_counter_reset_and_snapshot(tiny_model):
         "encoder_passes": 0,
         "seconds": 0.0,
     }
+
+
+def test_the_prompts_prefill_is_timed_apart_from_decoding_passes(tiny_model, monkeypatch):
+    """A decoder's pass on no cache over more than one token is the prefill; every later pass, and a
+    one-token pass on no cache, decodes. Each pass takes 1 s on a fake clock here."""
+    import specbench.models.base as base
+
+    model = HFModel(tiny_model("tiny-llama", 0, vocab_size=VOCAB), "m")
+    clock = iter(range(100))
+    monkeypatch.setattr(base.time, "perf_counter", lambda: float(next(clock)))
+    model.start(torch.tensor([3, 4, 5]))
+    model.score(torch.tensor([6, 7]), 2)  # prompt and two candidates: the prefill
+    model.score(torch.tensor([6, 7, 8]), 1)
+    model.score(torch.tensor([6, 7, 8, 9]), 1)
+    snap = model.counter.snapshot()
+    assert (snap["forward_passes"], snap["prefill_passes"]) == (3, 1)
+    assert (snap["seconds"], snap["prefill_seconds"]) == (3.0, 1.0)
+    model.start(torch.tensor([3]))
+    model.score(torch.tensor([], dtype=torch.long), 0)  # a one-token prompt costs as a decoding pass
+    assert model.counter.snapshot()["prefill_passes"] == 1
 
 
 # ---------------------------------------------------------------------------------------------

@@ -252,16 +252,25 @@ def test_margins_of_a_real_target_agree_and_counters_are_kept(tiny_model, one_th
 
 
 def test_counter_kept_restores_every_field():
-    counter = ForwardCounter(forward_passes=3, tokens_scored=7, encoder_passes=1, _seconds=0.5)
+    counter = ForwardCounter(
+        forward_passes=3,
+        tokens_scored=7,
+        encoder_passes=1,
+        prefill_passes=1,
+        _seconds=0.5,
+        _prefill_seconds=0.2,
+    )
     with counter_kept(counter):
         counter.reset()
-        counter.end(counter.begin(torch.device("cpu")), 9, torch.device("cpu"))
-        assert counter.forward_passes == 1
+        counter.end(counter.begin(torch.device("cpu")), 9, torch.device("cpu"))  # a prefill: no cache
+        assert counter.forward_passes == counter.prefill_passes == 1
     assert counter.snapshot() == {
         "forward_passes": 3,
         "tokens_scored": 7,
         "encoder_passes": 1,
         "seconds": 0.5,
+        "prefill_passes": 1,
+        "prefill_seconds": 0.2,
     }
 
 

@@ -363,6 +363,22 @@ def fake_row(quality: dict, **extra) -> dict:
     }  # fmt: skip
 
 
+def test_a_cells_decoding_pass_time_leaves_the_prefill_out_and_needs_every_row_timed_apart():
+    timed = {
+        "forward_passes": 5,
+        "seconds": 1.3,
+        "tokens_scored": 9,
+        "prefill_passes": 1,
+        "prefill_seconds": 0.9,
+    }
+    rows = [fake_row({}, forwards={"t": timed}), fake_row({}, forwards={"t": {**timed, "seconds": 1.7}})]
+    out = summarise_cell(rows)
+    assert json.loads(out["pass_ms"]) == {"t": pytest.approx(1000 * 3.0 / 10)}
+    assert json.loads(out["decode_pass_ms"]) == {"t": pytest.approx(1000 * (3.0 - 1.8) / 8)}
+    older = fake_row({}, forwards={"t": {"forward_passes": 1, "seconds": 0.1, "tokens_scored": 1}})
+    assert json.loads(summarise_cell([*rows, older])["decode_pass_ms"]) == {}  # not every row has it
+
+
 def test_summary_reports_corpus_bleu_and_why_pass_at_1_is_missing():
     task = get_task("wmt14_en_de")
     pairs = [("the cat sat on a mat", "the cat sat on the mat"), ("x y z", "a b c d")]

@@ -102,7 +102,8 @@ def rows(out: Path) -> list[dict]:
 
 def untimed(row: dict) -> dict:
     """What a row says apart from clocks and memory: outputs, counts, steps, quality, divergence."""
-    forwards = {m: {k: v for k, v in c.items() if k != "seconds"} for m, c in row["forwards"].items()}
+    timed = ("seconds", "prefill_seconds")
+    forwards = {m: {k: v for k, v in c.items() if k not in timed} for m, c in row["forwards"].items()}
     keep = ("output_ids", "steps", "accepted_by_position", "quality", "first_divergence", "n_tokens")
     return {"forwards": forwards, **{k: row[k] for k in keep}}
 

@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -91,6 +92,11 @@ def test_repeats_keep_every_measurement_and_their_mean(repeated: Path):
         assert len(row["walltime_repeats"]) == 3 and len(row["ttft_repeats"]) == 3
         assert row["walltime"] == pytest.approx(sum(row["walltime_repeats"]) / 3)
         assert row["peak_memory_mb"] > 0
+        target = row["forwards"][row["target"]]  # its clocks are means too, the prefill's apart
+        assert 0 < target["prefill_seconds"] < target["seconds"] and target["prefill_passes"] == 1
+    cells = pd.read_csv(repeated / "cells.csv")
+    for pass_ms, decode_pass_ms in zip(cells["pass_ms"], cells["decode_pass_ms"], strict=True):
+        assert set(json.loads(decode_pass_ms)) == set(json.loads(pass_ms))
     env = json.loads((repeated / "environment.json").read_text())
     assert env["sessions"][0]["rows"] == len(rows)
 

@@ -38,6 +38,12 @@ class ForwardCounter:
     (``specbench.pipeline.analysis.cost_model`` predicts walltime from them). An encoder pass is kept apart,
     under the key ``"encoder:<tokens>"``.
 
+    The prompt's processing is timed apart too, so a pass's decoding cost can be read without it (on a
+    730-token prompt the prefill is worth several decoding passes): ``prefill_passes`` counts the decoder
+    passes that read no cache and fed more than one token, and ``prefill_seconds`` is their time plus
+    the encoder's. A one-token pass on no cache (Medusa's heads, a one-token prompt) costs as a decoding
+    pass and is not counted as prefill.
+
     On CUDA the time is taken with CUDA events and only read (synchronised) in ``snapshot``,
     so counting never adds a host-device sync to the decoding loop.
     """
@@ -45,13 +51,15 @@ class ForwardCounter:
     forward_passes: int = 0
     tokens_scored: int = 0
     encoder_passes: int = 0
+    prefill_passes: int = 0
     _seconds: float = 0.0
+    _prefill_seconds: float = 0.0
     _events: list = field(default_factory=list)
     shapes: dict = field(default_factory=dict)  # tokens fed (or "encoder:<tokens>") -> [passes, context sum]
 
     def reset(self) -> None:
-        self.forward_passes = self.tokens_scored = self.encoder_passes = 0
-        self._seconds = 0.0
+        self.forward_passes = self.tokens_scored = self.encoder_passes = self.prefill_passes = 0
+        self._seconds = self._prefill_seconds = 0.0
         self._events.clear()
         self.shapes = {}
 
@@ -80,11 +88,13 @@ class ForwardCounter:
     def end_all(self, started: object, passes: list[tuple[int, int]], device: torch.device) -> None:
         """Decoder passes run as one unit (a replayed graph of several), each ``(tokens, context)``,
         have ended: their time is the unit's."""
+        prefills = sum(1 for tokens, context in passes if context == 0 and tokens > 1)
         for tokens, context in passes:
             self.forward_passes += 1
             self.tokens_scored += tokens
             self._shape(tokens, context)
-        self._stop(started, device)
+        self.prefill_passes += prefills
+        self._stop(started, device, prefill=prefills > 0)
 
     def end_encoder(self, started: object | None, tokens: int, device: torch.device) -> None:
         """An encoder pass over ``tokens`` prompt positions has ended (counted apart from decoding;
@@ -92,28 +102,41 @@ class ForwardCounter:
         self.encoder_passes += 1
         self._shape(f"encoder:{tokens}", 0)
         if started is not None:
-            self._stop(started, device)
+            self._stop(started, device, prefill=True)
 
     def _shape(self, key, context: int) -> None:
         entry = self.shapes.setdefault(key, [0, 0])
         entry[0] += 1
         entry[1] += int(context)
 
-    def _stop(self, started: object, device: torch.device) -> None:
+    def _stop(self, started: object, device: torch.device, prefill: bool = False) -> None:
         if device.type == "cuda":
             stop = torch.cuda.Event(enable_timing=True)
             stop.record()
-            self._events.append((started, stop))
+            self._events.append((started, stop, prefill))
         else:
-            self._seconds += time.perf_counter() - started
+            elapsed = time.perf_counter() - started
+            self._seconds += elapsed
+            self._prefill_seconds += elapsed if prefill else 0.0
+
+    def _read_events(self) -> None:
+        if self._events:
+            self._events[-1][1].synchronize()
+            for a, b, prefill in self._events:
+                elapsed = a.elapsed_time(b) / 1000.0
+                self._seconds += elapsed
+                self._prefill_seconds += elapsed if prefill else 0.0
+            self._events.clear()
 
     @property
     def seconds(self) -> float:
-        if self._events:
-            self._events[-1][1].synchronize()
-            self._seconds += sum(a.elapsed_time(b) for a, b in self._events) / 1000.0
-            self._events.clear()
+        self._read_events()
         return self._seconds
+
+    @property
+    def prefill_seconds(self) -> float:
+        self._read_events()
+        return self._prefill_seconds
 
     def snapshot(self) -> dict[str, float]:
         return {
@@ -121,6 +144,11 @@ class ForwardCounter:
             "tokens_scored": self.tokens_scored,
             "encoder_passes": self.encoder_passes,
             "seconds": self.seconds,
+            **(
+                {"prefill_passes": self.prefill_passes, "prefill_seconds": self.prefill_seconds}
+                if self.forward_passes or self.encoder_passes
+                else {}
+            ),
             **({"shapes": {str(k): list(v) for k, v in self.shapes.items()}} if self.shapes else {}),
         }
 

@@ -240,6 +240,14 @@ def pass_ms(cell: dict | None, model: str) -> float:
     return float(json.loads(cell["pass_ms"]).get(model, math.nan))
 
 
+def decode_pass_ms(cell: dict | None, model: str) -> float:
+    """A model's mean pass time in milliseconds without the prompts' prefill (``decode_pass_ms``);
+    NaN where the row has none (runs from before the prefill was timed apart)."""
+    if cell is None or not isinstance(cell.get("decode_pass_ms"), str):
+        return math.nan
+    return float(json.loads(cell["decode_pass_ms"]).get(model, math.nan))
+
+
 def num_interval(record: dict | None, column: str) -> str:
     """``0.65 [0.60, 0.70]``: a cell's value and its bootstrap interval (``cells.csv``'s
     ``<column>_low`` and ``_high``); the value alone where the interval is missing."""

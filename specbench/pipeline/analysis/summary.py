@@ -47,10 +47,15 @@ def summarise_cell(rows: list[dict]) -> dict:
     walltime = sum(r["walltime"] for r in rows)
     forwards: dict[str, int] = defaultdict(int)
     seconds: dict[str, float] = defaultdict(float)
+    decoding: dict[str, list] = defaultdict(lambda: [0, 0.0])  # passes and seconds without the prefill
     for r in rows:
         for model, counts in r["forwards"].items():
             forwards[model] += counts["forward_passes"]
             seconds[model] += counts["seconds"]
+            if "prefill_seconds" in counts:  # rows from before the prefill was timed apart have none
+                decoding[model][0] += counts["forward_passes"] - counts["prefill_passes"]
+                decoding[model][1] += counts["seconds"] - counts["prefill_seconds"]
+    timed_apart = [m for m in forwards if all("prefill_seconds" in r["forwards"].get(m, {}) for r in rows)]
     model_seconds = sum(seconds.values())
     steps = [s for r in rows for s in r["steps"]]
     drafted = sum(d for d, _ in steps)
@@ -72,6 +77,10 @@ def summarise_cell(rows: list[dict]) -> dict:
         "forwards": json.dumps(dict(forwards), sort_keys=True),
         # time per forward pass of each model; the largest drafter's is compared with AR's below
         "pass_ms": json.dumps({m: 1000 * seconds[m] / n for m, n in forwards.items() if n}, sort_keys=True),
+        # the same without the prompt's prefill: what a decoding (drafting or verification) pass costs
+        "decode_pass_ms": json.dumps(
+            {m: 1000 * decoding[m][1] / decoding[m][0] for m in timed_apart if decoding[m][0]}, sort_keys=True
+        ),
         "drafter_pass_ms": 1000 * seconds[drafters[0]] / forwards[drafters[0]]
         if drafters and forwards.get(drafters[0])
         else math.nan,

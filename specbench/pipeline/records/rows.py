@@ -70,6 +70,8 @@ def build_row(
         row["ttft_replayed"], row["ttft"] = row["ttft"], math.nan
         row["forwards"] = {name: dict(counts) for name, counts in row["forwards"].items()}
         row["forwards"][cell.target]["seconds"] = math.nan
+        if "prefill_seconds" in row["forwards"][cell.target]:
+            row["forwards"][cell.target]["prefill_seconds"] = math.nan
     return row
 
 

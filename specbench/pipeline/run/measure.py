@@ -336,11 +336,7 @@ class Measurer(RowKeys):
             walltime=sum(g.walltime for g in repeats) / len(repeats),
             ttft=sum(g.ttft for g in repeats) / len(repeats),
             forwards={
-                model: {
-                    **counts,
-                    "seconds": sum(g.forwards[model]["seconds"] for g in repeats) / len(repeats),
-                }
-                for model, counts in first.forwards.items()
+                model: counts | _mean_clocks(repeats, model) for model, counts in first.forwards.items()
             },
         )
         return request, mean, replay, repeats
@@ -495,3 +491,9 @@ class Measurer(RowKeys):
         if sample is not None:
             where = {"dataset": dataset.label, "cell": cell.id, "at": at, "time": now()}
             self.gpu_samples.append({**where, "gpus": sample})
+
+
+def _mean_clocks(repeats: list, model: str) -> dict[str, float]:
+    """A model's clocks averaged over the repeats of one example (its counts are the same in each)."""
+    clocks = [c for c in ("seconds", "prefill_seconds") if c in repeats[0].forwards[model]]
+    return {c: sum(g.forwards[model][c] for g in repeats) / len(repeats) for c in clocks}
