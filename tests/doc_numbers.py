@@ -95,12 +95,13 @@ COLUMNS = {
     # a number with neither: the report's own columns
     "": r"^(?:swi_|speedup|tokens_per_s|acceptance_length|draft_acceptance|accepted_per_step|quality_|"
     r"deferral|rejection|drafter_cost|model_time|loop_overhead|theory_tokens|engine_acceptance|lossless_|n$|"
-    r"pass_ms|drafter_pass_ms|others_cpu|generated_tokens|target_forwards|drafter_forwards|reviewed_drafts)",
+    r"pass_ms|drafter_pass_ms|decode_pass_ms|others_cpu|generated_tokens|target_forwards|drafter_forwards|"
+    r"reviewed_drafts)",
 }
 # the cells.csv columns that hold results a document quotes (not latency percentiles, memory, seeds)
 RESULT_COLUMNS = re.compile(
     r"^(?:swi_|speedup|tokens_per_s|acceptance_length|draft_acceptance|accepted_per_step|quality_|deferral|"
-    r"rejection|drafter_cost|pass_ms|drafter_pass_ms|model_time|loop_overhead|others_cpu|cpu_headroom|theory_|"
+    r"rejection|drafter_cost|pass_ms|drafter_pass_ms|decode_pass_ms|model_time|loop_overhead|others_cpu|cpu_headroom|theory_|"
     r"engine_acceptance|engine_drafting|generated_tokens|target_forwards|drafter_forwards|forwards|n$|"
     r"lossless_|reviewed_drafts|ttft_mean|tpot_mean|walltime_s|compile_s|acceptance_|peak_memory)"
 )
