@@ -394,6 +394,26 @@ def test_oracle_drafts_exactly_the_agreement_lengths(tiny_model):
         assert METHODS["oracle_sd"].run({}, target, draft_model, request).tokens == reference
 
 
+def test_the_oracle_rederives_its_hindsight_when_the_run_leaves_the_reference(tiny_model):
+    # a reference that is not the target's greedy output (as a bf16 near-tie makes it, from the tie on):
+    # the first run follows the target, leaves the reference and overshoots; the row is the run whose
+    # reference is its own output, so no drafted token is discarded and the output is the target's
+    weights = tiny_model("tiny-llama", 0, vocab_size=VOCAB)
+    target, draft_model = HFModel(weights, "target"), HFModel(noisy(weights, 0), "drafter")
+    prompt = prompt_for(0)
+    greedy = autoregressive.generate(target, prompt, max_new_tokens=24).tokens
+    wrong = greedy[:6] + [(greedy[6] + 1) % VOCAB] + greedy[7:]
+    request = Request(prompt, 24, SamplingParams(), [], torch.Generator(), reference_ids=wrong)
+    first = speculative.generate(
+        target, OracleDrafter(draft_model, prompt, wrong), prompt, k=24, max_new_tokens=24
+    )
+    assert first.tokens == greedy and any(d != a for d, a in first.steps)  # the stale hindsight overshoots
+    out = METHODS["oracle_sd"].run({}, target, draft_model, request)
+    assert out.tokens == greedy
+    assert all(d == a for d, a in out.steps)
+    assert out.forwards["drafter"]["forward_passes"] == sum(d for d, _ in out.steps)
+
+
 # -- HF's adaptive baselines -------------------------------------------------------------------
 
 

@@ -210,10 +210,25 @@ def _run_specdecpp(params: dict, target, drafter: HFModel, r: Request) -> Genera
     return speculative.generate(target, adaptive, r.prompt_ids, k=params["max_length"], **r.decoding())
 
 
+ORACLE_TRIES = 3
+
+
 def _run_oracle(params: dict, target, drafter: HFModel, r: Request) -> Generation:
-    """Draft lengths from the target's own AR output (Request.reference_ids)."""
-    oracle = OracleDrafter(drafter, r.prompt_ids, r.reference_ids or [])
-    return speculative.generate(target, oracle, r.prompt_ids, k=r.max_new_tokens, **r.decoding())
+    """Draft lengths from the target's own greedy output (Request.reference_ids, its AR row).
+
+    In reduced precision the target's multi-token verification passes can pick another token than its
+    one-token AR passes at a near-tie; from there the run follows another text than the reference and
+    the lengths overshoot. Hindsight is then re-derived: the loop runs again with its own output as
+    the reference, until the two agree (at most ORACLE_TRIES runs; each run times and counts itself,
+    so the earlier ones are hindsight and only the last is the row)."""
+    reference = list(r.reference_ids or [])
+    for _ in range(ORACLE_TRIES):
+        oracle = OracleDrafter(drafter, r.prompt_ids, reference)
+        generation = speculative.generate(target, oracle, r.prompt_ids, k=r.max_new_tokens, **r.decoding())
+        if generation.tokens == reference:
+            break
+        reference = generation.tokens
+    return generation
 
 
 def _passes(params: dict, tokens: float, alpha: float) -> tuple[list, int]:
