@@ -396,22 +396,48 @@ def test_oracle_drafts_exactly_the_agreement_lengths(tiny_model):
 
 def test_the_oracle_rederives_its_hindsight_when_the_run_leaves_the_reference(tiny_model):
     # a reference that is not the target's greedy output (as a bf16 near-tie makes it, from the tie on):
-    # the first run follows the target, leaves the reference and overshoots; the row is the run whose
-    # reference is its own output, so no drafted token is discarded and the output is the target's
+    # a run on it follows the target off the reference, where its lengths no longer fit; the row is
+    # the run whose reference is its own output, round for round the oracle on the true greedy output
     weights = tiny_model("tiny-llama", 0, vocab_size=VOCAB)
     target, draft_model = HFModel(weights, "target"), HFModel(noisy(weights, 0), "drafter")
     prompt = prompt_for(0)
     greedy = autoregressive.generate(target, prompt, max_new_tokens=24).tokens
     wrong = greedy[:6] + [(greedy[6] + 1) % VOCAB] + greedy[7:]
+
+    def run(reference):
+        return speculative.generate(
+            target, OracleDrafter(draft_model, prompt, reference), prompt, k=24, max_new_tokens=24
+        )
+
+    exact, stale = run(greedy), run(wrong)
+    assert stale.tokens == greedy and stale.steps != exact.steps
     request = Request(prompt, 24, SamplingParams(), [], torch.Generator(), reference_ids=wrong)
-    first = speculative.generate(
-        target, OracleDrafter(draft_model, prompt, wrong), prompt, k=24, max_new_tokens=24
-    )
-    assert first.tokens == greedy and any(d != a for d, a in first.steps)  # the stale hindsight overshoots
     out = METHODS["oracle_sd"].run({}, target, draft_model, request)
+    assert out.tokens == greedy and out.steps == exact.steps
+    assert out.forwards["drafter"]["forward_passes"] == sum(d for d, _ in out.steps)
+
+
+def test_the_oracle_ends_a_round_where_the_live_draft_leaves_the_reference(tiny_model):
+    # lengths longer than the live drafter agrees with (as a bf16 tie between its one-token passes and
+    # the teacher-forced pass makes them): each round stops at the first live token off the reference,
+    # whose pass ran (counted) but whose token is not proposed, so nothing is discarded
+    weights = tiny_model("tiny-llama", 1, vocab_size=VOCAB)
+    target, draft_model = HFModel(weights, "target"), HFModel(noisy(weights, 1), "drafter")
+    prompt = prompt_for(1)
+    greedy = autoregressive.generate(target, prompt, max_new_tokens=24).tokens
+    oracle = OracleDrafter(draft_model, prompt, greedy)
+    true_lengths = list(oracle.agreement)
+    oracle.agreement = [24] * len(true_lengths)
+    out = speculative.generate(target, oracle, prompt, k=24, max_new_tokens=24)
     assert out.tokens == greedy
     assert all(d == a for d, a in out.steps)
-    assert out.forwards["drafter"]["forward_passes"] == sum(d for d, _ in out.steps)
+    g = 0
+    for d, a in out.steps:
+        assert d == min(24 - g - 1, true_lengths[g])
+        g += a + 1
+    stopped = sum(1 for d, _ in out.steps if d < min(24, len(greedy)) - 1)
+    assert out.forwards["drafter"]["forward_passes"] >= sum(d for d, _ in out.steps) + 1
+    assert stopped >= 1
 
 
 # -- HF's adaptive baselines -------------------------------------------------------------------

@@ -138,6 +138,7 @@ class OracleDrafter(ModelDrafter):
 
     def __init__(self, model: HFModel, prompt_ids: torch.Tensor, reference: list[int]):
         super().__init__(model)
+        self.reference = reference
         self.agreement = agreement_lengths(model, prompt_ids, reference)
         self.lengths: list[int] = []  # draft length of each round (tests)
 
@@ -148,10 +149,16 @@ class OracleDrafter(ModelDrafter):
             return Draft(tokens[:0], None)
         g = tokens.shape[0]
         length = min(k, self.agreement[g]) if g < len(self.agreement) else 0
-        self.lengths.append(length)
-        if length == 0:
-            return Draft(tokens[:0], None)
-        return super().propose(tokens, length, sampling, generator)
+        drafted, rows = tokens[:0], []
+        # token by token: in reduced precision a one-token draft pass can part from the teacher-forced
+        # pass the lengths come from at a near-tie, and a draft past that token is wasted
+        while drafted.shape[0] < length:
+            step = super().propose(torch.cat([tokens, drafted]), 1, sampling, generator)
+            if int(step.tokens[0]) != self.reference[g + drafted.shape[0]]:
+                break
+            drafted, rows = torch.cat([drafted, step.tokens]), rows + [step.q]
+        self.lengths.append(drafted.shape[0])
+        return Draft(drafted, torch.cat(rows) if rows else None)
 
 
 @torch.inference_mode()
