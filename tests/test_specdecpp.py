@@ -417,6 +417,32 @@ def test_the_oracle_rederives_its_hindsight_when_the_run_leaves_the_reference(ti
     assert out.forwards["drafter"]["forward_passes"] == sum(d for d, _ in out.steps)
 
 
+def test_the_oracle_follows_the_reference_the_committed_text_matches(tiny_model):
+    # two references that part at token 6 (as a bf16 tie that goes one way when a pass drafts through it
+    # and the other way when the round stops before it): the latest, wrong one leads until the target
+    # commits the other token; from there the rounds are the exact oracle's on the matching reference
+    weights = tiny_model("tiny-llama", 2, vocab_size=VOCAB)
+    target, draft_model = HFModel(weights, "target"), HFModel(noisy(weights, 2), "drafter")
+    prompt = prompt_for(2)
+    greedy = autoregressive.generate(target, prompt, max_new_tokens=24).tokens
+    wrong = greedy[:6] + [(greedy[6] + 1) % VOCAB] + greedy[7:]
+    true_lengths = OracleDrafter(draft_model, prompt, greedy).agreement
+    oracle = OracleDrafter(draft_model, prompt, greedy, wrong)
+    out = speculative.generate(target, oracle, prompt, k=24, max_new_tokens=24)
+    assert out.tokens == greedy
+    g, checked = 0, 0
+    for d, a in out.steps:
+        if g > 6:
+            assert d == min(24 - g - 1, true_lengths[g])
+            checked += 1
+        g += a + 1
+    assert checked >= 1
+    stale = speculative.generate(
+        target, OracleDrafter(draft_model, prompt, wrong), prompt, k=24, max_new_tokens=24
+    )
+    assert stale.steps != out.steps
+
+
 def test_the_oracle_ends_a_round_where_the_live_draft_leaves_the_reference(tiny_model):
     # lengths longer than the live drafter agrees with (as a bf16 tie between its one-token passes and
     # the teacher-forced pass makes them): each round stops at the first live token off the reference,

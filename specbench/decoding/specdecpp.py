@@ -136,11 +136,24 @@ class OracleDrafter(ModelDrafter):
     first disagreeing draft token is never run: the oracle knows it in hindsight.
     """
 
-    def __init__(self, model: HFModel, prompt_ids: torch.Tensor, reference: list[int]):
+    def __init__(self, model: HFModel, prompt_ids: torch.Tensor, *references: list[int]):
         super().__init__(model)
-        self.reference = reference
-        self.agreement = agreement_lengths(model, prompt_ids, reference)
+        # the latest first: each round follows the first reference the committed text still matches
+        self.references = [list(r) for r in reversed(references)]
+        self.agreements = [agreement_lengths(model, prompt_ids, r) for r in self.references]
         self.lengths: list[int] = []  # draft length of each round (tests)
+
+    @property
+    def reference(self) -> list[int]:
+        return self.references[0]
+
+    @property
+    def agreement(self) -> list[int]:
+        return self.agreements[0]
+
+    @agreement.setter
+    def agreement(self, lengths: list[int]) -> None:
+        self.agreements[0] = lengths
 
     def propose(
         self, tokens: torch.Tensor, k: int, sampling: SamplingParams, generator: torch.Generator | None
@@ -148,13 +161,16 @@ class OracleDrafter(ModelDrafter):
         if k == 0:
             return Draft(tokens[:0], None)
         g = tokens.shape[0]
-        length = min(k, self.agreement[g]) if g < len(self.agreement) else 0
+        committed = tokens.tolist()
+        i = next((i for i, r in enumerate(self.references) if r[:g] == committed), None)
+        reference, agreement = (self.references[i], self.agreements[i]) if i is not None else ([], [])
+        length = min(k, agreement[g]) if g < len(agreement) else 0
         drafted, rows = tokens[:0], []
         # token by token: in reduced precision a one-token draft pass can part from the teacher-forced
         # pass the lengths come from at a near-tie, and a draft past that token is wasted
         while drafted.shape[0] < length:
             step = super().propose(torch.cat([tokens, drafted]), 1, sampling, generator)
-            if int(step.tokens[0]) != self.reference[g + drafted.shape[0]]:
+            if int(step.tokens[0]) != reference[g + drafted.shape[0]]:
                 break
             drafted, rows = torch.cat([drafted, step.tokens]), rows + [step.q]
         self.lengths.append(drafted.shape[0])
@@ -224,17 +240,19 @@ def _run_oracle(params: dict, target, drafter: HFModel, r: Request) -> Generatio
     """Draft lengths from the target's own greedy output (Request.reference_ids, its AR row).
 
     In reduced precision the target's multi-token verification passes can pick another token than its
-    one-token AR passes at a near-tie; from there the run follows another text than the reference and
-    the lengths overshoot. Hindsight is then re-derived: the loop runs again with its own output as
-    the reference, until the two agree (at most ORACLE_TRIES runs; each run times and counts itself,
-    so the earlier ones are hindsight and only the last is the row)."""
-    reference = list(r.reference_ids or [])
+    one-token AR passes at a near-tie, and which one can depend on the pass's length: drafting through
+    the tie gives one token, stopping before it the other, so no single reference need be its own
+    output. Hindsight then grows: the loop runs again holding every output so far as a reference
+    (each round follows the latest one the committed text matches), until the output is one of them
+    (at most ORACLE_TRIES runs; each run times and counts itself, so the earlier ones are hindsight and
+    only the last is the row)."""
+    references = [list(r.reference_ids or [])]
     for _ in range(ORACLE_TRIES):
-        oracle = OracleDrafter(drafter, r.prompt_ids, reference)
+        oracle = OracleDrafter(drafter, r.prompt_ids, *references)
         generation = speculative.generate(target, oracle, r.prompt_ids, k=r.max_new_tokens, **r.decoding())
-        if generation.tokens == reference:
+        if generation.tokens in references:
             break
-        reference = generation.tokens
+        references.append(generation.tokens)
     return generation
 
 
