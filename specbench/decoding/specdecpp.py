@@ -127,13 +127,14 @@ def should_stop(predicted: list[float], threshold: float, min_length: int, max_l
 class OracleDrafter(ModelDrafter):
     """Lemma 2.1's oracle for greedy decoding: draft exactly up to the first disagreement.
 
-    ``reference`` is the target's greedy output. Before decoding, one teacher-forced draft pass over
-    prompt + reference finds where the draft's greedy token differs from the target's (the set D of
-    Lemma 2.1); that hindsight pass is not counted (the counters reset when decoding starts). Each
-    round then runs the draft model greedily for exactly the agreement length from the committed
-    position (those passes are counted, like any drafter's), so the round's candidates are all
-    accepted and the target supplies the disagreeing token itself. The pass that would produce the
-    first disagreeing draft token is never run: the oracle knows it in hindsight.
+    ``references``: the target's greedy output, then the outputs of earlier oracle runs (see
+    ``_run_oracle``). Before decoding, one teacher-forced draft pass over prompt + reference finds where
+    the draft's greedy token differs from the target's (the set D of Lemma 2.1); those hindsight passes
+    are not counted (the counters reset when decoding starts). Each round then runs the draft model
+    greedily for the agreement length from the committed position, on the latest reference the
+    committed text matches (those passes are counted, like any drafter's), so the round's candidates
+    are all accepted and the target supplies the disagreeing token itself. The pass that would
+    produce the first disagreeing draft token is never run: the oracle knows it in hindsight.
     """
 
     def __init__(self, model: HFModel, prompt_ids: torch.Tensor, *references: list[int]):
