@@ -394,15 +394,22 @@ def test_oracle_drafts_exactly_the_agreement_lengths(tiny_model):
         assert METHODS["oracle_sd"].run({}, target, draft_model, request).tokens == reference
 
 
+def _oracle_pair(tiny_model, seed: int):
+    """A tiny target, its noisy drafter, a prompt, the target's greedy output and a reference that
+    leaves it at token 6 (as a bf16 near-tie makes it)."""
+    weights = tiny_model("tiny-llama", seed, vocab_size=VOCAB)
+    target, draft_model = HFModel(weights, "target"), HFModel(noisy(weights, seed), "drafter")
+    prompt = prompt_for(seed)
+    greedy = autoregressive.generate(target, prompt, max_new_tokens=24).tokens
+    wrong = greedy[:6] + [(greedy[6] + 1) % VOCAB] + greedy[7:]
+    return target, draft_model, prompt, greedy, wrong
+
+
 def test_the_oracle_rederives_its_hindsight_when_the_run_leaves_the_reference(tiny_model):
     # a reference that is not the target's greedy output (as a bf16 near-tie makes it, from the tie on):
     # a run on it follows the target off the reference, where its lengths no longer fit; the row is
     # the run whose reference is its own output, round for round the oracle on the true greedy output
-    weights = tiny_model("tiny-llama", 0, vocab_size=VOCAB)
-    target, draft_model = HFModel(weights, "target"), HFModel(noisy(weights, 0), "drafter")
-    prompt = prompt_for(0)
-    greedy = autoregressive.generate(target, prompt, max_new_tokens=24).tokens
-    wrong = greedy[:6] + [(greedy[6] + 1) % VOCAB] + greedy[7:]
+    target, draft_model, prompt, greedy, wrong = _oracle_pair(tiny_model, 0)
 
     def run(reference):
         return speculative.generate(
@@ -421,12 +428,8 @@ def test_the_oracle_follows_the_reference_the_committed_text_matches(tiny_model)
     # two references that part at token 6 (as a bf16 tie that goes one way when a pass drafts through it
     # and the other way when the round stops before it): the latest, wrong one leads until the target
     # commits the other token; from there the rounds are the exact oracle's on the matching reference
-    weights = tiny_model("tiny-llama", 2, vocab_size=VOCAB)
-    target, draft_model = HFModel(weights, "target"), HFModel(noisy(weights, 2), "drafter")
-    prompt = prompt_for(2)
-    greedy = autoregressive.generate(target, prompt, max_new_tokens=24).tokens
-    wrong = greedy[:6] + [(greedy[6] + 1) % VOCAB] + greedy[7:]
-    true_lengths = OracleDrafter(draft_model, prompt, greedy).agreement
+    target, draft_model, prompt, greedy, wrong = _oracle_pair(tiny_model, 2)
+    true_lengths = OracleDrafter(draft_model, prompt, greedy).agreements[0]
     oracle = OracleDrafter(draft_model, prompt, greedy, wrong)
     out = speculative.generate(target, oracle, prompt, k=24, max_new_tokens=24)
     assert out.tokens == greedy
@@ -447,13 +450,10 @@ def test_the_oracle_ends_a_round_where_the_live_draft_leaves_the_reference(tiny_
     # lengths longer than the live drafter agrees with (as a bf16 tie between its one-token passes and
     # the teacher-forced pass makes them): each round stops at the first live token off the reference,
     # whose pass ran (counted) but whose token is not proposed, so nothing is discarded
-    weights = tiny_model("tiny-llama", 1, vocab_size=VOCAB)
-    target, draft_model = HFModel(weights, "target"), HFModel(noisy(weights, 1), "drafter")
-    prompt = prompt_for(1)
-    greedy = autoregressive.generate(target, prompt, max_new_tokens=24).tokens
+    target, draft_model, prompt, greedy, _ = _oracle_pair(tiny_model, 1)
     oracle = OracleDrafter(draft_model, prompt, greedy)
-    true_lengths = list(oracle.agreement)
-    oracle.agreement = [24] * len(true_lengths)
+    true_lengths = list(oracle.agreements[0])
+    oracle.agreements[0] = [24] * len(true_lengths)
     out = speculative.generate(target, oracle, prompt, k=24, max_new_tokens=24)
     assert out.tokens == greedy
     assert all(d == a for d, a in out.steps)

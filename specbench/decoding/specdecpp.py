@@ -144,18 +144,6 @@ class OracleDrafter(ModelDrafter):
         self.agreements = [agreement_lengths(model, prompt_ids, r) for r in self.references]
         self.lengths: list[int] = []  # draft length of each round (tests)
 
-    @property
-    def reference(self) -> list[int]:
-        return self.references[0]
-
-    @property
-    def agreement(self) -> list[int]:
-        return self.agreements[0]
-
-    @agreement.setter
-    def agreement(self, lengths: list[int]) -> None:
-        self.agreements[0] = lengths
-
     def propose(
         self, tokens: torch.Tensor, k: int, sampling: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
