@@ -361,3 +361,16 @@ def test_cells_csv_edited_by_hand_is_refused_by_readers_and_rewritten_by_a_resum
     Runner(_recipe(tmp_path), measured, resume=True).run()
     assert cells.read_text() == written
     assert runner.invoke(app, ["report", str(measured)]).exit_code == 0
+
+
+def test_measured_on_says_when_a_run_computed_bfloat16_without_bf16_units(tmp_path: Path):
+    from specbench.pipeline.records.results import measured_on
+
+    reason = "set in the recipe; this CPU has no bfloat16 matrix units (AMX, AVX512-BF16)"
+    models = {
+        "target": {"dtype": "torch.bfloat16", "dtype_reason": reason, "engine": "eager"},
+        "draft": {"dtype": "torch.bfloat16", "dtype_reason": "set in the recipe", "engine": "eager"},
+    }
+    (tmp_path / "environment.json").write_text(json.dumps({"models": models}))
+    line = measured_on(tmp_path, "run")
+    assert f"target bfloat16 ({reason}), eager" in line and "draft bfloat16, eager" in line

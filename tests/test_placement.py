@@ -154,9 +154,16 @@ def test_dtype_auto_on_cpu_is_bfloat16_only_with_bf16_matrix_units(monkeypatch):
     assert sources.dtype_choice("auto", cpu, "org/model") == ("bfloat16", "auto: this CPU has AVX512-BF16")
     assert sources.dtype_choice("auto", cpu, "tiny-llama")[0] == "float32"  # test fixtures stay exact
     assert sources.dtype_choice("float64", cpu, "org/model") == ("float64", "set in the recipe")
+    assert sources.dtype_choice("bfloat16", cpu, "org/model") == ("bfloat16", "set in the recipe")
     monkeypatch.setattr(devices, "cpu_bf16_feature", lambda: None)
     name, why = sources.dtype_choice("auto", cpu, "org/model")
     assert name == "float32" and "no bfloat16 matrix units" in why
+    # a recipe's own bfloat16 is kept, and the reason says the CPU computes it without bf16 units
+    assert sources.dtype_choice("bfloat16", cpu, "org/model") == (
+        "bfloat16",
+        "set in the recipe; this CPU has no bfloat16 matrix units (AMX, AVX512-BF16)",
+    )
+    assert sources.dtype_choice("float32", cpu, "org/model") == ("float32", "set in the recipe")
 
 
 def test_a_resolved_bfloat16_enters_the_fingerprint(monkeypatch, tmp_path):

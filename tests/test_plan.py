@@ -220,6 +220,24 @@ def test_dtype_auto_on_the_cpu_is_planned_as_the_loader_resolves_it(monkeypatch,
     assert smollm2["dtype"] == dtype
 
 
+@pytest.mark.parametrize(("feature", "flagged"), [("AVX512-BF16", []), (None, ["target_bf16", "draft_bf16"])])
+def test_a_plan_warns_of_bfloat16_on_a_cpu_without_bf16_units(monkeypatch, feature, flagged):
+    from specbench.models import devices
+    from specbench.pipeline.views.plan_view import notes
+
+    monkeypatch.setattr(devices, "cpu_bf16_feature", lambda: feature)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    recipe = load_recipe(ROOT / "recipes" / "engines" / "qwen_dtypes.yaml")
+    bill = plan.build_plan(recipe, plan.Hardware())
+    assert bill["bf16_without_units"] == flagged  # the float32 models are never flagged
+    warning = [line for line in notes(bill) if line.startswith("! bfloat16 on this CPU")]
+    assert bool(warning) == bool(flagged)
+    if flagged:
+        assert "target_bf16, draft_bf16 compute in bfloat16" in warning[0] and "specbench probe" in warning[0]
+    # planned for GPUs, the models are not placed on this CPU: nothing to warn of
+    assert plan.build_plan(recipe, plan.Hardware(gpus=1))["bf16_without_units"] == []
+
+
 def test_a_cost_profile_gives_the_time_per_pass_of_the_models_it_probed():
     from specbench.pipeline.analysis.profiles import probed_cost
 

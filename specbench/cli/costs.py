@@ -73,7 +73,9 @@ def plan(
     the model and the fewest such GPUs that would hold it. Cells: rows left to run, forward passes per
     model (speculative: T / E(α, k) target passes, E = (1 - α^(k+1)) / (1 - α), Leviathan et al. 2023),
     walltime and GPU-hours; time per pass from --pass-ms, --probe, a cost profile (--profile), an
-    earlier run in --output-dir, or weight bytes / --bandwidth. Every assumption is printed with the numbers.
+    earlier run in --output-dir, or weight bytes / --bandwidth. Every assumption is printed with the numbers,
+    and a warning where a model would compute in bfloat16 on this CPU without bfloat16 matrix units (AMX,
+    AVX512-BF16), where a verification pass can cost several one-token passes.
 
     Example: specbench plan recipes/specdecpp/llama2_chat_7b_70b.yaml --gpus 2 --gpu-memory 80GiB
     """

@@ -7,6 +7,8 @@ import functools
 
 import torch
 
+from specbench.models.machine import NO_BF16_UNITS
+
 DTYPES = {
     "float32": torch.float32,
     "float64": torch.float64,
@@ -27,6 +29,8 @@ def dtype_choice(rule: str, dtype: str, device: torch.device) -> tuple[str, str]
     AVX512-BF16: there a verification of k + 1 tokens costs far less than in float32, which is where
     speculative decoding pays), float32 elsewhere; under ``float32`` (models that tests compare
     exactly) it is float32 everywhere."""
+    if dtype == "bfloat16" and device.type == "cpu" and cpu_bf16_feature() is None:
+        return dtype, f"set in the recipe; {NO_BF16_UNITS}"
     if dtype != "auto":
         return dtype, "set in the recipe"
     if rule == "auto" and device.type == "cuda":
@@ -37,7 +41,7 @@ def dtype_choice(rule: str, dtype: str, device: torch.device) -> tuple[str, str]
         feature = cpu_bf16_feature()
         if feature:
             return "bfloat16", f"auto: this CPU has {feature}"
-        return "float32", "auto: this CPU has no bfloat16 matrix units (AMX, AVX512-BF16)"
+        return "float32", f"auto: {NO_BF16_UNITS}"
     return "float32", "auto: float32 here"
 
 

@@ -37,6 +37,10 @@ KERNEL_FLAGS = (
     "i8mm",
 )
 
+# without these units torch computes bfloat16 matmuls without vector bf16 instructions: a pass of k + 1
+# tokens then costs several one-token passes, which takes speculative decoding out of the papers' regime
+NO_BF16_UNITS = "this CPU has no bfloat16 matrix units (AMX, AVX512-BF16)"
+
 
 @dataclass(frozen=True)
 class Machine:

@@ -96,7 +96,7 @@ def build_plan(
     ``limit``: at most that many examples per dataset, as ``specbench run --limit``."""
     import torch
 
-    from specbench.models.devices import dtype_choice
+    from specbench.models.devices import cpu_bf16_feature, dtype_choice
 
     previous = read_previous(output_dir)
     datasets = dataset_shapes(recipe, previous, limit)
@@ -114,6 +114,16 @@ def build_plan(
         if sources.source_of(spec.source).dtype_rule is None and spec.options.get("of") in dtypes:
             dtypes[name] = dtypes[spec.options["of"]]
     facts = {name: _facts(recipe, name, dtypes[name]) for name in recipe.models}
+    on_cpu_here = not gpu_planned and not torch.cuda.is_available()
+    bf16_without_units = [
+        name
+        for name, spec in recipe.models.items()
+        if dtypes[name] == "bfloat16"
+        and (spec.device == "cpu" or (spec.device == "auto" and on_cpu_here))
+        and spec.engine in (None, "eager", "compiled")
+        and sources.source_of(spec.source).neural
+        and cpu_bf16_feature() is None
+    ]
     models = []
     for name, fact in facts.items():
         kv = fact.kv_bytes_per_token * sequence
@@ -152,6 +162,8 @@ def build_plan(
         "path": str(recipe.path),
         # on a CPU run: whether the models and kept-alive engines fit in this machine's memory at once
         "host_memory": None if gpu_planned else host_memory(recipe, models),
+        # models that would compute bfloat16 on this CPU without its matrix units (specbench.models.devices)
+        "bf16_without_units": bf16_without_units,
         "assumptions": {
             "sequence_tokens": sequence,
             "datasets": datasets,

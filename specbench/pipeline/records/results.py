@@ -48,7 +48,7 @@ from specbench.models.checksums import (  # noqa: F401  (readers import them her
     run_written_after_checksums,
     text_checksum,
 )
-from specbench.models.machine import Machine, recorded_machine, session_machine
+from specbench.models.machine import NO_BF16_UNITS, Machine, recorded_machine, session_machine
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -364,9 +364,9 @@ def measured_on(directory: Path, label: str | None = None) -> str:
     for name, model in (environment.get("models") or {}).items():
         if isinstance(model, dict) and model.get("dtype"):
             dtype = str(model["dtype"]).removeprefix("torch.")
-            why = (
-                f" ({model['dtype_reason']})" if str(model.get("dtype_reason", "")).startswith("auto") else ""
-            )
+            reason = str(model.get("dtype_reason") or "")
+            # why dtype: auto chose it, or that a pinned bfloat16 ran without the CPU's bf16 units
+            why = f" ({reason})" if reason.startswith("auto") or NO_BF16_UNITS in reason else ""
             models.append(f"{name} {dtype}{why}, {model.get('engine') or 'eager'}")
     return f"{label or directory.name}: measured on {where}" + (f"; {'; '.join(models)}" if models else "")
 

@@ -3,6 +3,7 @@ assumptions below them, or JSON with the same data (:func:`specbench.pipeline.pl
 
 from __future__ import annotations
 
+from specbench.models.machine import NO_BF16_UNITS
 from specbench.pipeline.planning.placement import show_bytes, show_gpu
 
 
@@ -95,6 +96,12 @@ def notes(plan: dict) -> list[str]:
         *sorted({f"passes, {c['method']}: {c['rule']}" for c in plan["cells"]}),
     ]
     lines += _host_memory(plan.get("host_memory"))
+    if plan.get("bf16_without_units"):
+        lines.append(
+            f"! bfloat16 on this CPU: {', '.join(plan['bf16_without_units'])} compute in bfloat16, but "
+            f"{NO_BF16_UNITS}, so a pass of k + 1 tokens may cost several one-token passes and speculative "
+            "cells leave the papers' regime; `specbench probe` the recipe to see what verification costs here"
+        )
     total = f"total: {totals['rows']} rows, {_duration(totals['hours'] * 3600)}"
     if totals["gpu_hours"] is not None:
         total += f", {totals['gpu_hours']:.1f} GPU-hours on {totals['gpus_used']} GPU(s)"
