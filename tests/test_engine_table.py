@@ -482,19 +482,37 @@ def test_the_rule_that_differs_depends_on_the_drafter_kind():
     assert engines.rule("eager", "x") == "none known"
 
 
-def test_the_committed_regime_table_is_what_the_script_writes_from_its_runs(capsys, monkeypatch):
-    # results/engines/qwen_dtypes/<machine>/regime.md: the verification-cost ratios the docs quote come from
-    # the runs' files by scripts.engines.regime, not by hand
+@pytest.mark.parametrize(
+    "runs, rows",
+    [
+        (
+            [
+                "results/engines/qwen_dtypes/amd-epyc-family25-avx2",
+                "results/specdecpp/oracle_qwen_offline/amd-epyc-family25-avx512-bf16",
+            ],
+            [
+                "| gsm8k/test | sd-bf16 | 281.6 | 947.0 | 3.36 |",
+                "| gsm8k/test | sd[k=4] | 244.1 | 230.5 | 0.94 |",
+            ],
+        ),
+        (
+            ["results/engines/smollm2_dtypes/amd-epyc-family25-avx2"],
+            [
+                "| gsm8k/test | sd-bf16 | 52.5 | 104.0 | 1.98 |",
+                "| gsm8k/test | sd-fp32 | 92.8 | 145.5 | 1.57 |",
+            ],
+        ),
+    ],
+)
+def test_the_committed_regime_table_is_what_the_script_writes_from_its_runs(capsys, monkeypatch, runs, rows):
+    # results/engines/{qwen,smollm2}_dtypes/<machine>/regime.md: the verification-cost ratios the docs quote
+    # come from the runs' files by scripts.engines.regime, not by hand
     from scripts.engines import regime
 
     root = Path(__file__).resolve().parents[1]
-    runs = [
-        "results/engines/qwen_dtypes/amd-epyc-family25-avx2",
-        "results/specdecpp/oracle_qwen_offline/amd-epyc-family25-avx512-bf16",
-    ]
     monkeypatch.chdir(root)
     regime.main(runs)
     written = capsys.readouterr().out
     assert written == (root / runs[0] / "regime.md").read_text()
-    assert "| gsm8k/test | sd-bf16 | 281.6 | 947.0 | 3.36 |" in written
-    assert "| gsm8k/test | sd[k=4] | 244.1 | 230.5 | 0.94 |" in written
+    for row in rows:
+        assert row in written

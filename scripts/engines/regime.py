@@ -41,7 +41,7 @@ def cell_lines(run: Path) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for _, cell in cells.iterrows():
-        if cell["method"] not in ("speculative",) or not isinstance(cell.get("drafter"), str):
+        if cell["method"] != "speculative" or not isinstance(cell.get("drafter"), str):
             continue
         ar = cells[
             (cells["dataset"] == cell["dataset"])

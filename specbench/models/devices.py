@@ -27,8 +27,10 @@ def dtype_choice(rule: str, dtype: str, device: torch.device) -> tuple[str, str]
     """(dtype name, why) for a model's ``dtype:`` on ``device``. Under the rule ``auto``, ``dtype:
     auto`` is bfloat16 on a GPU that supports it and on a CPU with bfloat16 matrix units (AMX or
     AVX512-BF16: there a verification of k + 1 tokens costs far less than in float32, which is where
-    speculative decoding pays), float32 elsewhere; under ``float32`` (models that tests compare
-    exactly) it is float32 everywhere."""
+    speculative decoding pays), float32 elsewhere (without those units bfloat16's one-token pass may be
+    faster, but its verification costs more one-token passes and parts from AR at near-ties: the CPU
+    sections of results/engines/README.md); under ``float32`` (models that tests compare exactly) it is
+    float32 everywhere."""
     if dtype == "bfloat16" and device.type == "cpu" and cpu_bf16_feature() is None:
         return dtype, f"set in the recipe; {NO_BF16_UNITS}"
     if dtype != "auto":

@@ -115,6 +115,7 @@ def build_plan(
             dtypes[name] = dtypes[spec.options["of"]]
     facts = {name: _facts(recipe, name, dtypes[name]) for name in recipe.models}
     on_cpu_here = not gpu_planned and not torch.cuda.is_available()
+    cpu_lacks_bf16_units = cpu_bf16_feature() is None
     bf16_without_units = [
         name
         for name, spec in recipe.models.items()
@@ -122,7 +123,7 @@ def build_plan(
         and (spec.device == "cpu" or (spec.device == "auto" and on_cpu_here))
         and spec.engine in (None, "eager", "compiled")
         and sources.source_of(spec.source).neural
-        and cpu_bf16_feature() is None
+        and cpu_lacks_bf16_units
     ]
     models = []
     for name, fact in facts.items():
