@@ -507,10 +507,11 @@ def test_the_rule_that_differs_depends_on_the_drafter_kind():
 def test_the_committed_regime_table_is_what_the_script_writes_from_its_runs(capsys, monkeypatch, runs, rows):
     # results/engines/{qwen,smollm2}_dtypes/<machine>/regime.md: the verification-cost ratios the docs quote
     # come from the runs' files by scripts.engines.regime, not by hand
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.syspath_prepend(str(root))  # scripts/ sits beside the package, not in it
+    monkeypatch.chdir(root)
     from scripts.engines import regime
 
-    root = Path(__file__).resolve().parents[1]
-    monkeypatch.chdir(root)
     regime.main(runs)
     written = capsys.readouterr().out
     assert written == (root / runs[0] / "regime.md").read_text()
